@@ -1,0 +1,212 @@
+"""The records of the state log and their msgpack encoding (SPEC §3, §A).
+
+Three records, as in Kafka's ``__share_group_state`` topic:
+
+* ``ShareSnapshot``: the whole state of a share-partition; replaces what was there.
+* ``ShareUpdate``: a delta merged into the state (SPEC §4).
+* ``ShareTombstone``: the share-partition's state is deleted (a ShareSnapshot key with a
+  null value).
+
+On disk a record is a frame (see ``persistence``) holding a record type, a key and a
+value. This module owns the last three.
+
+Record type (one byte in the frame)::
+
+    0  ShareSnapshot key type: a ShareSnapshot value, or a tombstone when the value is null
+    1  ShareUpdate
+
+Key: a msgpack array ``[group_id: str, topic_id: str, partition: int]``, the topic id in
+its canonical 22-character form. The same bytes for all three record kinds.
+
+ShareSnapshot value: a msgpack array, fields by position::
+
+    0 snapshot_epoch            int32
+    1 state_epoch               int32
+    2 leader_epoch              int32
+    3 start_offset              int64
+    4 create_timestamp          int64, ms
+    5 write_timestamp           int64, ms
+    6 state_batches             flat array, 4 ints per batch:
+                                first_offset, last_offset, delivery_state, delivery_count
+    7 delivery_complete_count   int32, -1 = unknown (KIP-1226)
+    8 fence_leader_epoch        int32 or nil: highest leader epoch seen for the key when
+                                the snapshot was written (SPEC §A)
+    9 fence_state_epoch         int32 or nil: highest state epoch seen likewise
+
+ShareUpdate value: a msgpack array::
+
+    0 snapshot_epoch            int32 (ignored by replay, as in Kafka)
+    1 leader_epoch              int32, -1 = unchanged
+    2 start_offset              int64, -1 = unchanged
+    3 state_batches             flat array as above
+    4 delivery_complete_count   int32, -1 = unchanged
+
+Decoders accept extra trailing fields, so a later version can add some.
+"""
+
+from __future__ import annotations
+
+from itertools import chain
+from typing import Any, NamedTuple
+
+import msgpack
+
+from protocol.batches import StateBatch
+
+SNAPSHOT_RECORD_TYPE = 0
+UPDATE_RECORD_TYPE = 1
+
+
+class ShareKey(NamedTuple):
+    """A share-partition: (group id, canonical topic id, partition) (SPEC §1.1)."""
+
+    group_id: str
+    topic_id: str
+    partition: int
+
+
+class ShareSnapshot(NamedTuple):
+    key: ShareKey
+    snapshot_epoch: int
+    state_epoch: int
+    leader_epoch: int
+    start_offset: int
+    create_timestamp: int
+    write_timestamp: int
+    state_batches: list[StateBatch]
+    delivery_complete_count: int = -1
+    fence_leader_epoch: int | None = None
+    fence_state_epoch: int | None = None
+
+
+class ShareUpdate(NamedTuple):
+    key: ShareKey
+    snapshot_epoch: int
+    leader_epoch: int
+    start_offset: int
+    state_batches: list[StateBatch]
+    delivery_complete_count: int = -1
+
+
+class ShareTombstone(NamedTuple):
+    key: ShareKey
+
+
+Record = ShareSnapshot | ShareUpdate | ShareTombstone
+
+
+class RecordDecodeError(ValueError):
+    """A frame whose checksum holds but whose key or value is not a valid record."""
+
+
+def record_type(record: Record) -> int:
+    return UPDATE_RECORD_TYPE if type(record) is ShareUpdate else SNAPSHOT_RECORD_TYPE
+
+
+def encode_key(key: ShareKey) -> bytes:
+    return msgpack.packb((key.group_id, key.topic_id, key.partition))
+
+
+def encode_value(record: Record) -> bytes | None:
+    """The value bytes of a record; None for a tombstone."""
+    if type(record) is ShareSnapshot:
+        return msgpack.packb(
+            (
+                record.snapshot_epoch,
+                record.state_epoch,
+                record.leader_epoch,
+                record.start_offset,
+                record.create_timestamp,
+                record.write_timestamp,
+                list(chain.from_iterable(record.state_batches)),
+                record.delivery_complete_count,
+                record.fence_leader_epoch,
+                record.fence_state_epoch,
+            )
+        )
+    if type(record) is ShareUpdate:
+        return msgpack.packb(
+            (
+                record.snapshot_epoch,
+                record.leader_epoch,
+                record.start_offset,
+                list(chain.from_iterable(record.state_batches)),
+                record.delivery_complete_count,
+            )
+        )
+    return None
+
+
+def encode_record(record: Record) -> tuple[int, bytes, bytes | None]:
+    """(record type, key bytes, value bytes or None) ready for a log frame."""
+    return record_type(record), encode_key(record.key), encode_value(record)
+
+
+class RecordDecoder:
+    """Decodes records, sharing one ``ShareKey`` object per distinct key bytes.
+
+    A log holds each key many times; decoding it once keeps loading fast and makes
+    every state of that key point at the same strings.
+    """
+
+    __slots__ = ("_keys",)
+
+    def __init__(self) -> None:
+        self._keys: dict[bytes, ShareKey] = {}
+
+    def decode_key(self, key: bytes) -> ShareKey:
+        share_key = self._keys.get(key)
+        if share_key is None:
+            share_key = _decode_key(key)
+            self._keys[key] = share_key
+        return share_key
+
+    def decode(self, record_type: int, key: bytes, value: bytes | None) -> Record:
+        share_key = self.decode_key(key)
+        try:
+            if record_type == SNAPSHOT_RECORD_TYPE:
+                if value is None:
+                    return ShareTombstone(share_key)
+                return _decode_snapshot(share_key, value)
+            if record_type == UPDATE_RECORD_TYPE:
+                if value is None:
+                    raise RecordDecodeError("a ShareUpdate record has a null value")
+                return _decode_update(share_key, value)
+        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
+            if isinstance(exc, RecordDecodeError):
+                raise
+            raise RecordDecodeError(f"undecodable record value: {exc}") from exc
+        raise RecordDecodeError(f"unknown record type {record_type}")
+
+
+def decode_record(record_type: int, key: bytes, value: bytes | None) -> Record:
+    """Decode one record (without key sharing; see ``RecordDecoder`` for bulk use)."""
+    return RecordDecoder().decode(record_type, key, value)
+
+
+def _decode_key(key: bytes) -> ShareKey:
+    try:
+        fields = msgpack.unpackb(key)
+        group_id, topic_id, partition = fields[0], fields[1], fields[2]
+    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
+        raise RecordDecodeError(f"undecodable record key: {exc}") from exc
+    if type(group_id) is not str or type(topic_id) is not str or type(partition) is not int:
+        raise RecordDecodeError(f"record key has the wrong types: {fields!r}")
+    return ShareKey(group_id, topic_id, partition)
+
+
+def _batches(flat: Any) -> list[StateBatch]:
+    if type(flat) is not list or len(flat) % 4:
+        raise RecordDecodeError("state_batches is not a flat array of 4-tuples")
+    fields = iter(flat)
+    return list(map(StateBatch, fields, fields, fields, fields))
+
+
+def _decode_snapshot(key: ShareKey, value: bytes) -> ShareSnapshot:
+    v = msgpack.unpackb(value)
+    return ShareSnapshot(key, v[0], v[1], v[2], v[3], v[4], v[5], _batches(v[6]), v[7], v[8], v[9])
+
+
+def _decode_update(key: ShareKey, value: bytes) -> ShareUpdate:
+    v = msgpack.unpackb(value)
+    return ShareUpdate(key, v[0], v[1], v[2], _batches(v[3]), v[4])

@@ -1,0 +1,189 @@
+"""Replaying records into the state of a state partition (SPEC §2, §4, §9, §A).
+
+The one implementation of the replay rules. The daemon's shard replays every record it
+appends and every record it loads through ``ShareStateMap.replay``; the Spark jobs fold
+log segments through it too, so the three can never disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import NamedTuple
+
+from protocol.batches import StateBatch, combine_state_batches
+from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
+
+
+class ShareGroupOffset(NamedTuple):
+    """The stored state of one share-partition (Kafka's ShareGroupOffset)."""
+
+    snapshot_epoch: int
+    state_epoch: int
+    leader_epoch: int
+    start_offset: int
+    create_timestamp: int
+    write_timestamp: int
+    state_batches: list[StateBatch]
+    delivery_complete_count: int = -1
+
+
+class KeyState:
+    """Everything a state partition keeps about one share-partition key.
+
+    Kafka keeps these in separate maps keyed alike (SPEC §2); one object per key is the
+    same information with a fraction of the memory.
+    """
+
+    __slots__ = ("leader_fence", "snapshot_offset", "state", "state_fence", "update_count")
+
+    def __init__(
+        self,
+        state: ShareGroupOffset,
+        leader_fence: int,
+        state_fence: int | None,
+    ) -> None:
+        self.state = state
+        # leaderEpochMap: highest leader epoch of any replayed record of the key.
+        self.leader_fence = leader_fence
+        # stateEpochMap: highest state epoch of any replayed snapshot; None while the key
+        # was only ever built from updates (possible in a hand-made log only).
+        self.state_fence = state_fence
+        # snapshotUpdateCount: None until the first update (SPEC §4, §16.5).
+        self.update_count: int | None = None
+        # Offsets manager: log offset of the key's latest snapshot, None before one.
+        self.snapshot_offset: int | None = None
+
+
+def _max_epoch(current: int, fence: int | None) -> int:
+    return current if fence is None or fence < current else fence
+
+
+def _max_optional_epoch(current: int | None, epoch: int, fence: int | None) -> int:
+    best = _max_epoch(epoch, fence)
+    return best if current is None or current < best else current
+
+
+class ShareStateMap:
+    """The replayed state of one state partition: ``key -> KeyState``, plus the
+    offsets manager's last redundant offset (SPEC §9)."""
+
+    def __init__(self, records_per_snapshot: int) -> None:
+        self.records_per_snapshot = records_per_snapshot
+        self.keys: dict[ShareKey, KeyState] = {}
+        # Offset of the latest snapshot-or-tombstone replay when it was a tombstone: the
+        # tombstoned key still counts in Kafka's minimum until the next snapshot.
+        self._tombstone_offset: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def __iter__(self) -> Iterator[ShareKey]:
+        return iter(self.keys)
+
+    def get(self, key: ShareKey) -> KeyState | None:
+        return self.keys.get(key)
+
+    def replay(self, offset: int, record: Record) -> None:
+        """Apply one record read from (or just appended to) the log at ``offset``."""
+        kind = type(record)
+        if kind is ShareUpdate:
+            self._replay_update(record)  # type: ignore[arg-type]
+        elif kind is ShareSnapshot:
+            self._replay_snapshot(offset, record)  # type: ignore[arg-type]
+        elif kind is ShareTombstone:
+            self._replay_tombstone(offset, record.key)
+        else:
+            raise TypeError(f"not a state record: {record!r}")
+
+    def _replay_snapshot(self, offset: int, record: ShareSnapshot) -> None:
+        state = ShareGroupOffset(
+            record.snapshot_epoch,
+            record.state_epoch,
+            record.leader_epoch,
+            record.start_offset,
+            record.create_timestamp,
+            record.write_timestamp,
+            record.state_batches,
+            record.delivery_complete_count,
+        )
+        # Fences are maxima over the key's history (SPEC §4.1-2); the fence fields of
+        # sharecoord's snapshots carry that history across pruning and compaction (§A).
+        entry = self.keys.get(record.key)
+        if entry is None:
+            entry = KeyState(
+                state,
+                _max_epoch(record.leader_epoch, record.fence_leader_epoch),
+                _max_epoch(record.state_epoch, record.fence_state_epoch),
+            )
+            self.keys[record.key] = entry
+        else:
+            entry.leader_fence = _max_optional_epoch(
+                entry.leader_fence, record.leader_epoch, record.fence_leader_epoch
+            )
+            entry.state_fence = _max_optional_epoch(
+                entry.state_fence, record.state_epoch, record.fence_state_epoch
+            )
+            entry.state = state
+            # A snapshot resets the counter only once it reached the limit (SPEC §4.4).
+            if entry.update_count is not None and entry.update_count >= self.records_per_snapshot:
+                entry.update_count = 0
+        entry.snapshot_offset = offset
+        self._tombstone_offset = None
+
+    def _replay_update(self, record: ShareUpdate) -> None:
+        entry = self.keys.get(record.key)
+        if entry is None:
+            # Not reachable through the RPCs (they require Initialize), but a log may hold it.
+            state = ShareGroupOffset(
+                record.snapshot_epoch,
+                0,
+                record.leader_epoch,
+                record.start_offset,
+                0,
+                0,
+                record.state_batches,
+                record.delivery_complete_count,
+            )
+            entry = KeyState(state, record.leader_epoch, None)
+            entry.update_count = 0
+            self.keys[record.key] = entry
+            return
+        entry.leader_fence = max(entry.leader_fence, record.leader_epoch)
+        old = entry.state
+        start = old.start_offset if record.start_offset == -1 else record.start_offset
+        entry.state = ShareGroupOffset(
+            old.snapshot_epoch,
+            old.state_epoch,
+            old.leader_epoch if record.leader_epoch == -1 else record.leader_epoch,
+            start,
+            old.create_timestamp,
+            old.write_timestamp,
+            combine_state_batches(old.state_batches, record.state_batches, start),
+            old.delivery_complete_count
+            if record.delivery_complete_count == -1
+            else record.delivery_complete_count,
+        )
+        entry.update_count = 0 if entry.update_count is None else entry.update_count + 1
+
+    def _replay_tombstone(self, offset: int, key: ShareKey) -> None:
+        self.keys.pop(key, None)
+        self._tombstone_offset = offset
+
+    def last_redundant_offset(self) -> int | None:
+        """Every record below this offset is redundant; None when nothing is (SPEC §9).
+
+        Kafka recomputes ``min(offsets of each key's latest snapshot)`` on every snapshot
+        or tombstone replay, counting a just-tombstoned key once more; computing the same
+        minimum here, on demand, costs the prune job one pass instead of every replay.
+        """
+        lowest = min(
+            (e.snapshot_offset for e in self.keys.values() if e.snapshot_offset is not None),
+            default=None,
+        )
+        if self._tombstone_offset is not None and (
+            lowest is None or self._tombstone_offset < lowest
+        ):
+            lowest = self._tombstone_offset
+        if lowest is None or lowest <= 0:
+            return None
+        return lowest

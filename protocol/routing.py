@@ -1,0 +1,91 @@
+"""Which state partition owns a share-partition key (SPEC §1.2, §1.3).
+
+The coordinator key is ``"<group_id>:<topic_id>:<partition>"`` with the topic id in its
+22-char form; its Java ``String.hashCode`` (over UTF-16 code units, 32-bit wrapping),
+made non-negative with Kafka's ``Utils.abs``, modulo the number of state partitions,
+names the owner.
+"""
+
+from __future__ import annotations
+
+import re
+
+from protocol.topic_id import parse_key_topic_id
+
+_INT32_MIN = -(2**31)
+_INT32_MAX = 2**31 - 1
+# Java's Integer.parseInt: an optional sign, then decimal digits, which may be any
+# Unicode decimal digit (Character.digit) as long as it is one UTF-16 code unit.
+_JAVA_INT = re.compile(r"[+-]?\d+")
+
+
+def coordinator_key(group_id: str, topic_id: str, partition: int) -> str:
+    """The coordinator key string of a share-partition (topic id in its 22-char form)."""
+    return f"{group_id}:{topic_id}:{partition}"
+
+
+def java_string_hash(text: str) -> int:
+    """Java's ``String.hashCode``: ``h = 31*h + unit`` over UTF-16 code units, int32."""
+    h = 0
+    if text.isascii():
+        for ch in text:
+            h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    else:
+        data = text.encode("utf-16-be", "surrogatepass")
+        for i in range(0, len(data), 2):
+            h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def kafka_abs(n: int) -> int:
+    """Kafka's ``Utils.abs``: like ``abs`` but maps ``Integer.MIN_VALUE`` to 0."""
+    return 0 if n == _INT32_MIN else abs(n)
+
+
+def partition_for(group_id: str, topic_id: str, partition: int, num_partitions: int) -> int:
+    """The state partition that owns ``(group_id, topic_id, partition)``.
+
+    ``topic_id`` must be the canonical 22-char form (see ``protocol.topic_id``).
+    """
+    key = coordinator_key(group_id, topic_id, partition)
+    return kafka_abs(java_string_hash(key)) % num_partitions
+
+
+def partition_for_key(key: str, num_partitions: int) -> int:
+    """The state partition of a coordinator key string, after Kafka's parsing rules."""
+    group_id, topic_id, partition = parse_coordinator_key(key)
+    return partition_for(group_id, topic_id, partition, num_partitions)
+
+
+def parse_coordinator_key(key: str) -> tuple[str, str, int]:
+    """Parse ``group:topicId:partition`` as Kafka's share coordinator does (SPEC §1.2).
+
+    Java ``String.split`` semantics (trailing empty tokens dropped), exactly three
+    tokens, a trimmed non-empty group id, a base64url topic id of 16 bytes, a Java int
+    partition. Returns the re-formatted parts; raises ``ValueError`` naming the problem.
+    """
+    tokens = key.split(":")
+    while tokens and tokens[-1] == "":
+        tokens.pop()
+    if len(tokens) != 3:
+        raise ValueError(f"a coordinator key has 3 parts separated by ':', got {len(tokens)}")
+    group_id = _java_trim(tokens[0])
+    if not group_id:
+        raise ValueError("the group id part of the key is empty")
+    topic_id = parse_key_topic_id(tokens[1])
+    if not _JAVA_INT.fullmatch(tokens[2]) or not all(ord(c) < 0x10000 for c in tokens[2]):
+        raise ValueError("the partition part of the key is not an integer")
+    partition = int(tokens[2])
+    if not _INT32_MIN <= partition <= _INT32_MAX:
+        raise ValueError("the partition part of the key is out of int32 range")
+    return group_id, topic_id, partition
+
+
+def _java_trim(text: str) -> str:
+    # Java's String.trim removes code points <= U+0020 at both ends, nothing else.
+    start, end = 0, len(text)
+    while start < end and text[start] <= " ":
+        start += 1
+    while end > start and text[end - 1] <= " ":
+        end -= 1
+    return text[start:end]
