@@ -1,0 +1,487 @@
+"""The HTTP edge (API.md): aiohttp handlers, middlewares and the app's lifecycle.
+
+Bodies are decoded here (``protocol.codec``): a malformed body stops at this edge with
+400 / INVALID_REQUEST naming the field, and nothing reaches the state. Every non-200
+answer carries ``{"error_code", "error_message"}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from aiohttp import web
+
+from persistence import FileOps, GroupCommitter, StateLog
+from protocol import codec, errors
+from protocol.codec import BodyError, Format
+from protocol.messages import Rpc
+from protocol.records import ShareKey
+from protocol.topic_id import canonical_topic_id
+from server.catalog import TopicCatalog
+from server.cluster import ClusterMap
+from server.config import ServeConfig
+from server.metrics import ShareCoordinatorMetrics
+from server.runtime import PartitionRuntime, Status
+from server.security import check_bearer
+from server.service import CoordinatorService, JobIntervals, ServiceError
+from server.shard import ShardConfig
+
+_log = logging.getLogger("sharecoord.http")
+
+CONTENT_TYPES = {Format.MSGPACK: "application/msgpack", Format.JSON: "application/json"}
+# Partitions loaded at once: loading is CPU-bound under the GIL, two keep the disk busy.
+LOAD_CONCURRENCY = 2
+
+
+@dataclass
+class Coordinator:
+    """What the app's lifecycle builds and the handlers use."""
+
+    config: ServeConfig
+    cluster: ClusterMap
+    token: bytes | None
+    fs: FileOps | None
+    metrics: ShareCoordinatorMetrics = field(default_factory=ShareCoordinatorMetrics)
+    service: CoordinatorService | None = None
+    log: StateLog | None = None
+    started_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def limits(self) -> codec.Limits:
+        return codec.Limits(
+            max_entries_per_request=self.config.max_entries_per_request,
+            max_state_batches_per_entry=self.config.max_state_batches_per_entry,
+        )
+
+    def require_service(self) -> CoordinatorService:
+        if self.service is None:  # pragma: no cover - handlers run after startup
+            raise web.HTTPServiceUnavailable()
+        return self.service
+
+
+COORDINATOR = web.AppKey("coordinator", Coordinator)
+
+
+# --- responses ------------------------------------------------------------------------
+
+
+def _respond(body: bytes, fmt: Format, status: int = 200) -> web.Response:
+    return web.Response(body=body, status=status, content_type=CONTENT_TYPES[fmt])
+
+
+def error_response(status: int, code: int, message: str, fmt: Format = Format.JSON) -> web.Response:
+    return _respond(codec.encode_error(code, message, fmt), fmt, status)
+
+
+def _accept_format(request: web.Request) -> Format:
+    """Format for requests without a body (GET/DELETE): JSON unless Accept asks msgpack."""
+    return codec.response_format("application/json", request.headers.get("Accept"))
+
+
+# --- middlewares ----------------------------------------------------------------------
+
+_STATUS_CODES = {
+    400: errors.INVALID_REQUEST,
+    401: errors.CLUSTER_AUTHORIZATION_FAILED,
+    404: errors.UNKNOWN_TOPIC_OR_PARTITION,
+    405: errors.INVALID_REQUEST,
+    413: errors.INVALID_REQUEST,
+    415: errors.INVALID_REQUEST,
+}
+
+
+@web.middleware
+async def errors_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every answer that is not ours already gets the API's error body."""
+    coordinator = request.app[COORDINATOR]
+    try:
+        response = await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = _STATUS_CODES.get(exc.status, errors.UNKNOWN_SERVER_ERROR)
+        response = error_response(exc.status, code, _describe_http_error(request, exc))
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        _log.exception("unhandled error serving %s %s", request.method, request.path)
+        response = error_response(
+            500, errors.UNKNOWN_SERVER_ERROR, errors.UnknownServerError.default_message or ""
+        )
+    coordinator.metrics.http_response(response.status)
+    return response
+
+
+def _describe_http_error(request: web.Request, exc: web.HTTPException) -> str:
+    if exc.status == 404:
+        return f"no such endpoint: {request.method} {request.path} (see API.md)"
+    if exc.status == 405:
+        return f"method {request.method} is not allowed on {request.path}"
+    return exc.reason
+
+
+@web.middleware
+async def auth_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    token = request.app[COORDINATOR].token
+    if token is not None and request.path.startswith("/v1/"):
+        if not check_bearer(request.headers.get("Authorization"), token):
+            return error_response(
+                401,
+                errors.CLUSTER_AUTHORIZATION_FAILED,
+                errors.ClusterAuthorizationFailed.default_message or "",
+                _format_or_json(request),
+            )
+    return await handler(request)
+
+
+def _format_or_json(request: web.Request) -> Format:
+    return codec.format_of(request.headers.get("Content-Type")) or Format.JSON
+
+
+# --- request bodies -------------------------------------------------------------------
+
+
+async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
+    """The body and its format, and the answer's format; 415 / 413 as API.md says."""
+    content_type = request.headers.get("Content-Type")
+    fmt = codec.format_of(content_type)
+    if fmt is None:
+        raise _HTTPError(
+            415,
+            errors.INVALID_REQUEST,
+            f"unsupported Content-Type {content_type!r}: use application/msgpack or "
+            "application/json",
+            Format.JSON,
+        )
+    out = codec.response_format(content_type, request.headers.get("Accept"))
+    limit = request.app[COORDINATOR].config.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out)
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
+    return body, fmt, out
+
+
+def _too_large(limit: int) -> str:
+    return f"the request body exceeds the limit of {limit} bytes (--max-body-bytes)"
+
+
+class _HTTPError(Exception):
+    def __init__(self, status: int, code: int, message: str, fmt: Format) -> None:
+        super().__init__(message)
+        self.response = error_response(status, code, message, fmt)
+
+
+def _handles_http_errors(
+    handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except _HTTPError as exc:
+            return exc.response
+
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+def _service_error(exc: ServiceError, fmt: Format) -> web.Response:
+    status = {
+        errors.UNKNOWN_TOPIC_OR_PARTITION: 404,
+        errors.NOT_COORDINATOR: 421,
+        errors.COORDINATOR_LOAD_IN_PROGRESS: 503,
+        errors.COORDINATOR_NOT_AVAILABLE: 503,
+    }.get(exc.code, 500)
+    return error_response(status, exc.code, exc.message, fmt)
+
+
+# --- handlers -------------------------------------------------------------------------
+
+
+def _rpc_handler(rpc: Rpc) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    @_handles_http_errors
+    async def handle_rpc(request: web.Request) -> web.StreamResponse:
+        coordinator = request.app[COORDINATOR]
+        started = time.perf_counter()
+        body, fmt, out = await _read_body(request)
+        try:
+            decoded = codec.decode_request(rpc, body, fmt, coordinator.limits)
+        except BodyError as exc:
+            coordinator.metrics.rpc(rpc.value, "invalid", time.perf_counter() - started)
+            return error_response(400, errors.INVALID_REQUEST, str(exc), out)
+        response = await coordinator.require_service().handle(decoded)
+        encoded = codec.encode_response(response, out)
+        coordinator.metrics.rpc(rpc.value, "ok", time.perf_counter() - started)
+        return _respond(encoded, out)
+
+    handle_rpc.__name__ = f"handle_{rpc.name.lower()}"
+    return handle_rpc
+
+
+@_handles_http_errors
+async def handle_find_coordinator(request: web.Request) -> web.StreamResponse:
+    coordinator = request.app[COORDINATOR]
+    body, fmt, out = await _read_body(request)
+    try:
+        decoded = codec.decode_find_coordinator(body, fmt, coordinator.limits)
+    except BodyError as exc:
+        return error_response(400, errors.INVALID_REQUEST, str(exc), out)
+    response = coordinator.require_service().find_coordinator(decoded)
+    return _respond(codec.encode_find_coordinator_response(response, out), out)
+
+
+async def handle_admin_state(request: web.Request) -> web.StreamResponse:
+    fmt = _accept_format(request)
+    query = request.query
+    try:
+        group_id = _query_str(query, "group_id")
+        spelled = _query_str(query, "topic_id")
+        topic_id = canonical_topic_id(spelled)
+        partition = _query_int32(query, "partition")
+    except ValueError as exc:
+        return error_response(400, errors.INVALID_REQUEST, str(exc), fmt)
+    service = request.app[COORDINATOR].require_service()
+    try:
+        state = await service.admin_state(ShareKey(group_id, topic_id, partition))
+    except ServiceError as exc:
+        return _service_error(exc, fmt)
+    if state is None:
+        return error_response(
+            404,
+            errors.UNKNOWN_TOPIC_OR_PARTITION,
+            f"no state for group {group_id!r}, topic {spelled}, partition {partition}",
+            fmt,
+        )
+    return _respond(codec.encode_admin_state(replace(state, topic_id=spelled), fmt), fmt)
+
+
+def _query_str(query: Any, name: str) -> str:
+    value = query.get(name)
+    if value is None or value == "":
+        raise ValueError(f"query parameter {name} is required")
+    return str(value)
+
+
+def _query_int32(query: Any, name: str) -> int:
+    text = _query_str(query, name)
+    if not text.lstrip("-").isdigit() or not text.isascii():
+        raise ValueError(f"query parameter {name} must be an integer, got {text!r}")
+    value = int(text)
+    if not -(2**31) <= value < 2**31:
+        raise ValueError(f"query parameter {name} is out of int32 range")
+    return value
+
+
+@_handles_http_errors
+async def handle_register_topic(request: web.Request) -> web.StreamResponse:
+    body, fmt, out = await _read_body(request)
+    try:
+        _, topic_id, partition_count = codec.decode_topic_registration(body, fmt)
+    except BodyError as exc:
+        return error_response(400, errors.INVALID_REQUEST, str(exc), out)
+    await request.app[COORDINATOR].require_service().register_topic(topic_id, partition_count)
+    return _respond(codec.encode_object({"error_code": 0}, out), out)
+
+
+async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
+    fmt = _accept_format(request)
+    try:
+        topic_id = canonical_topic_id(request.match_info["topic_id"])
+    except ValueError as exc:
+        return error_response(400, errors.INVALID_REQUEST, f"topic_id: {exc}", fmt)
+    service = request.app[COORDINATOR].require_service()
+    try:
+        deleted = await service.delete_topic(topic_id)
+    except ServiceError as exc:
+        return _service_error(exc, fmt)
+    return _respond(
+        codec.encode_object({"error_code": 0, "deleted_share_partitions": deleted}, fmt), fmt
+    )
+
+
+async def handle_commit_compaction(request: web.Request) -> web.StreamResponse:
+    fmt = _accept_format(request)
+    committed, stale = await request.app[COORDINATOR].require_service().commit_compaction()
+    return _respond(codec.encode_object({"committed": committed, "stale": stale}, fmt), fmt)
+
+
+async def handle_partitions(request: web.Request) -> web.StreamResponse:
+    fmt = _accept_format(request)
+    service = request.app[COORDINATOR].require_service()
+    return _respond(codec.encode_object({"partitions": service.partition_statuses()}, fmt), fmt)
+
+
+async def handle_healthz(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"status": "ok"})
+
+
+async def handle_readyz(request: web.Request) -> web.StreamResponse:
+    coordinator = request.app[COORDINATOR]
+    service = coordinator.service
+    loading = service is None or service.loading()
+    failed = [] if service is None else service.failed_partitions()
+    return web.json_response(
+        {"status": "loading" if loading else "ready", "failed_partitions": failed},
+        status=503 if loading else 200,
+    )
+
+
+async def handle_metrics(request: web.Request) -> web.StreamResponse:
+    text = request.app[COORDINATOR].metrics.render()
+    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+
+# --- lifecycle ------------------------------------------------------------------------
+
+
+async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
+    """Open the log, start the group commit, load the partitions in the background,
+    start the periodic jobs; on the way out, after the server stopped taking requests
+    and finished the ones in flight: stop the jobs, commit what is left, close the log."""
+    coordinator = app[COORDINATOR]
+    config = coordinator.config
+    log = await asyncio.to_thread(
+        StateLog.open,
+        config.data_dir,
+        config.partitions,
+        segment_bytes=config.segment_bytes,
+        fs=coordinator.fs,
+    )
+    coordinator.log = log
+    try:
+        catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir)
+        owned = sorted(coordinator.cluster.owned_by(config.node_id))
+        shard_config = ShardConfig(
+            records_per_snapshot=config.snapshot_update_records_per_snapshot,
+            cold_partition_snapshot_interval_ms=config.cold_partition_snapshot_interval_ms,
+        )
+        runtimes: dict[int, PartitionRuntime] = {}
+        metrics = coordinator.metrics
+
+        def partition_failed(partition: int, cause: BaseException) -> None:
+            runtime = runtimes.get(partition)
+            if runtime is not None:
+                runtime.on_durability_failure(cause)
+
+        committer = GroupCommitter(log, on_partition_failure=partition_failed)
+        for partition in owned:
+            runtimes[partition] = PartitionRuntime(
+                partition,
+                log.partition(partition),
+                shard_config,
+                metadata=catalog if config.topic_catalog else None,
+                on_status_change=metrics.partition_status_changed,
+            )
+        service = CoordinatorService(
+            runtimes=runtimes,
+            committer=committer,
+            cluster=coordinator.cluster,
+            node_id=config.node_id,
+            catalog=catalog,
+            write_timeout_ms=config.write_timeout_ms,
+            intervals=JobIntervals(
+                prune_ms=config.prune_interval_ms,
+                cold_snapshot_ms=config.cold_partition_snapshot_interval_ms,
+                compaction_commit_ms=config.compaction_commit_interval_ms,
+                state_retention_ms=config.state_retention_ms,
+            ),
+            on_entry_result=metrics.entry_result,
+            on_pruned=metrics.pruned,
+        )
+        metrics.attach(service, committer)
+        coordinator.service = service
+        committer.start()
+        loading = asyncio.get_running_loop().create_task(_load_all(runtimes), name="load")
+        service.start_jobs()
+        _log.info(
+            "serving state partitions %s of %d from %s",
+            _ranges(owned),
+            config.partitions,
+            config.data_dir,
+        )
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            await service.stop_jobs()
+            for runtime in runtimes.values():
+                await runtime.close()
+            await committer.close()
+    finally:
+        await asyncio.to_thread(log.close)
+        _log.info("state log closed")
+
+
+async def _load_all(runtimes: dict[int, PartitionRuntime]) -> None:
+    started = time.perf_counter()
+    gate = asyncio.Semaphore(LOAD_CONCURRENCY)
+
+    async def load(runtime: PartitionRuntime) -> None:
+        async with gate:
+            await runtime.load()
+
+    await asyncio.gather(*(load(r) for r in runtimes.values()))
+    failed = [p for p, r in runtimes.items() if r.status is Status.FAILED]
+    _log.info(
+        "loaded %d state partitions in %.2fs%s",
+        len(runtimes),
+        time.perf_counter() - started,
+        f"; failed: {failed} (they answer 15, the rest serve)" if failed else "",
+    )
+
+
+def _ranges(partitions: list[int]) -> str:
+    if not partitions:
+        return "none"
+    spans: list[str] = []
+    start = prev = partitions[0]
+    for p in partitions[1:] + [None]:  # type: ignore[list-item]
+        if p is not None and p == prev + 1:
+            prev = p
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if p is not None:
+            start = prev = p
+    return ",".join(spans)
+
+
+def create_app(
+    config: ServeConfig,
+    cluster: ClusterMap,
+    *,
+    token: bytes | None = None,
+    fs: FileOps | None = None,
+) -> web.Application:
+    coordinator = Coordinator(config, cluster, token, fs)
+    app = web.Application(
+        client_max_size=config.max_body_bytes,
+        middlewares=[errors_middleware, auth_middleware],
+    )
+    app[COORDINATOR] = coordinator
+    app.cleanup_ctx.append(coordinator_ctx)
+    for rpc in Rpc:
+        app.router.add_post(f"/v1/share-group-state/{rpc.value}", _rpc_handler(rpc))
+    app.router.add_post("/v1/find-coordinator", handle_find_coordinator)
+    app.router.add_get("/v1/admin/state", handle_admin_state)
+    app.router.add_put("/v1/admin/topics", handle_register_topic)
+    app.router.add_delete("/v1/admin/topics/{topic_id}", handle_delete_topic)
+    app.router.add_post("/v1/admin/compaction/commit", handle_commit_compaction)
+    app.router.add_get("/v1/admin/partitions", handle_partitions)
+    app.router.add_get("/healthz", handle_healthz)
+    app.router.add_get("/readyz", handle_readyz)
+    app.router.add_get("/metrics", handle_metrics)
+    return app

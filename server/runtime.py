@@ -1,0 +1,211 @@
+"""One runtime per state partition: it owns that partition's shard and log.
+
+An operation runs to completion synchronously on the event loop: the shard validates it
+(``handle``), the records are appended to the log's buffer and replayed into the shard,
+and the caller gets the response together with the offset it must wait for. Nothing
+awaits in between, so operations on a partition run one at a time, in arrival order.
+The caller answers only once the group commit says that offset is durable; a read waits
+for everything it observed.
+
+Loading replays the log from the start through the same ``replay`` (14 until done). An
+fsync failure stops the partition (15): its parked answers fail, the log is cut back to
+the last durable offset, and the partition reloads from disk, retrying with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import time
+from collections.abc import Callable
+
+from persistence import LogRecord, PartitionLog
+from protocol.records import RecordDecodeError, RecordDecoder, encode_key, encode_value, record_type
+from server.shard import Op, Response, ShardConfig, ShareCoordinatorShard, TopicMetadata
+
+_log = logging.getLogger("sharecoord.runtime")
+
+RELOAD_BACKOFF_INITIAL_S = 0.05
+RELOAD_BACKOFF_MAX_S = 5.0
+
+
+class Status(enum.Enum):
+    LOADING = "loading"
+    ACTIVE = "active"
+    FAILED = "failed"
+
+
+class LoadError(Exception):
+    """A partition's log could not be replayed (damage, or a record that is no record)."""
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PartitionRuntime:
+    def __init__(
+        self,
+        partition: int,
+        log: PartitionLog,
+        shard_config: ShardConfig,
+        *,
+        metadata: TopicMetadata | None = None,
+        now_ms: Callable[[], int] = wall_clock_ms,
+        on_status_change: Callable[[PartitionRuntime], None] | None = None,
+    ) -> None:
+        self.partition = partition
+        self.log = log
+        self._shard_config = shard_config
+        self._metadata = metadata
+        self._now_ms = now_ms
+        self._on_status_change = on_status_change
+        self.shard = self._new_shard()
+        self.status = Status.LOADING
+        self.error: str | None = None
+        self.load_seconds: float | None = None
+        self._recovery: asyncio.Task[None] | None = None
+        self._closing = False
+
+    def _new_shard(self) -> ShareCoordinatorShard:
+        return ShareCoordinatorShard(
+            self._shard_config, metadata=self._metadata, now_ms=self._now_ms
+        )
+
+    def _set_status(self, status: Status, error: str | None = None) -> None:
+        self.status = status
+        self.error = error
+        if self._on_status_change is not None:
+            self._on_status_change(self)
+
+    # --- loading ----------------------------------------------------------------------
+
+    async def load(self) -> None:
+        """Open the log (recovering it) and replay it into the shard, off the loop."""
+        started = time.perf_counter()
+        try:
+            await asyncio.to_thread(self._open_and_replay)
+        except Exception as exc:
+            self._set_status(Status.FAILED, _describe_failure(exc))
+            _log.error("state partition %d failed to load: %s", self.partition, self.error)
+            return
+        self.load_seconds = time.perf_counter() - started
+        self._set_status(Status.ACTIVE)
+        _log.info(
+            "state partition %d loaded: %d keys, offsets %d..%d, %.3fs",
+            self.partition,
+            len(self.shard),
+            self.log.log_start_offset,
+            self.log.log_end_offset,
+            self.load_seconds,
+        )
+
+    def _open_and_replay(self) -> None:
+        shard = self._new_shard()
+        self.log.open(on_record=_replayer(shard, self.partition))
+        self.shard = shard
+
+    # --- operations -------------------------------------------------------------------
+
+    def execute(self, op: Op) -> Response:
+        """Run ``op``: handle, append, replay. Only while ACTIVE (the service checks).
+
+        The response may reveal state that is not durable yet: answer it only after
+        ``wait_visible`` (or the group commit) covered ``self.log.log_end_offset - 1``.
+        """
+        shard = self.shard
+        records, response = shard.handle(op)
+        if records:
+            log = self.log
+            now = self._now_ms()
+            for record in records:
+                offset = log.append(
+                    record_type(record), encode_key(record.key), encode_value(record), now
+                )
+                shard.replay(offset, record)
+        return response
+
+    def pending_offset(self) -> int | None:
+        """The offset an answer given now must wait for, or None if all is durable."""
+        end = self.log.log_end_offset
+        return end - 1 if end > self.log.durable_end_offset else None
+
+    # --- failure and recovery ---------------------------------------------------------
+
+    def on_durability_failure(self, cause: BaseException) -> None:
+        """The group commit could not write or fsync this partition: stop serving it,
+        and reload it from what is durable on disk."""
+        if self.status is Status.FAILED and self._recovery is not None:
+            return
+        message = f"write or fsync failed: {cause}"
+        _log.error("state partition %d stopped: %s", self.partition, message)
+        self._set_status(Status.FAILED, message)
+        if not self._closing:
+            self._recovery = asyncio.get_running_loop().create_task(
+                self._recover(), name=f"recover-partition-{self.partition}"
+            )
+
+    async def _recover(self) -> None:
+        delay = RELOAD_BACKOFF_INITIAL_S
+        attempt = 0
+        while not self._closing:
+            attempt += 1
+            try:
+                await asyncio.to_thread(self._reset_and_replay)
+            except Exception as exc:
+                self.error = f"reload attempt {attempt} failed: {_describe_failure(exc)}"
+                _log.warning("state partition %d: %s", self.partition, self.error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RELOAD_BACKOFF_MAX_S)
+                continue
+            self._recovery = None
+            self._set_status(Status.ACTIVE)
+            _log.info(
+                "state partition %d reloaded from disk after a write failure (attempt %d)",
+                self.partition,
+                attempt,
+            )
+            return
+
+    def _reset_and_replay(self) -> None:
+        # Cut the log back to what the last successful fsync covered; nothing that was
+        # never acknowledged can come back as state.
+        self.log.reset_to_durable()
+        shard = self._new_shard()
+        replay = _replayer(shard, self.partition)
+        for record in self.log.read(0):
+            replay(record)
+        self.shard = shard
+
+    async def close(self) -> None:
+        self._closing = True
+        task = self._recovery
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+
+def _replayer(shard: ShareCoordinatorShard, partition: int) -> Callable[[LogRecord], None]:
+    decoder = RecordDecoder()
+    decode = decoder.decode
+    replay = shard.replay
+
+    def replay_frame(frame: LogRecord) -> None:
+        try:
+            record = decode(frame.record_type, frame.key, frame.value)
+        except RecordDecodeError as exc:
+            raise LoadError(
+                f"state partition {partition}, offset {frame.offset}: {exc}; "
+                "run `sharecoord log verify` and `sharecoord log dump` on the data directory"
+            ) from exc
+        replay(frame.offset, record)
+
+    return replay_frame
+
+
+def _describe_failure(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"

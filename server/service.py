@@ -1,0 +1,455 @@
+"""The coordinator service: the RPC front of the state partitions.
+
+A request is split entry by entry: each partition entry is routed with
+``partition_for`` to the runtime of its state partition and run there at once; the
+results are gathered back in request order (duplicates run twice, in order). Before
+answering, the service waits until the log has made durable everything the answer
+reveals, partition by partition; a partition whose write fails answers 15 for its
+entries, and the others are not held back by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from persistence import DurabilityError, GroupCommitter, pending_staged
+from protocol import errors
+from protocol.messages import (
+    AdminState,
+    AnyPartitionResult,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    Rpc,
+    ShareGroupStateRequest,
+    ShareGroupStateResponse,
+    TopicResult,
+    error_result,
+)
+from protocol.records import ShareKey
+from protocol.routing import partition_for
+from server.catalog import TopicCatalog
+from server.cluster import ClusterMap, find_coordinator
+from server.runtime import PartitionRuntime, Status
+from server.shard import (
+    ColdSnapshotOp,
+    DeleteOp,
+    DeleteTopicsOp,
+    ExpireGroupsOp,
+    InitializeOp,
+    Op,
+    ReadOp,
+    ReadSummaryOp,
+    WriteOp,
+)
+
+_log = logging.getLogger("sharecoord.service")
+
+
+class ServiceError(Exception):
+    """An admin operation that cannot be done now; carries the Kafka code."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class JobIntervals:
+    prune_ms: int
+    cold_snapshot_ms: int
+    compaction_commit_ms: int
+    state_retention_ms: int  # -1: never
+
+
+def _op_for(rpc: Rpc, key: ShareKey, entry: Any) -> Op:
+    if rpc is Rpc.WRITE:
+        return WriteOp(
+            key,
+            entry.state_epoch,
+            entry.leader_epoch,
+            entry.start_offset,
+            entry.state_batches,
+            entry.delivery_complete_count,
+        )
+    if rpc is Rpc.READ:
+        return ReadOp(key, entry.leader_epoch)
+    if rpc is Rpc.INITIALIZE:
+        return InitializeOp(key, entry.state_epoch, entry.start_offset)
+    if rpc is Rpc.DELETE:
+        return DeleteOp(key)
+    return ReadSummaryOp(key)
+
+
+class CoordinatorService:
+    def __init__(
+        self,
+        *,
+        runtimes: dict[int, PartitionRuntime],
+        committer: GroupCommitter,
+        cluster: ClusterMap,
+        node_id: int,
+        catalog: TopicCatalog,
+        write_timeout_ms: int,
+        intervals: JobIntervals,
+        on_entry_result: Callable[[Rpc, int], None] | None = None,
+        on_pruned: Callable[[int, int], None] | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runtimes = runtimes
+        self.committer = committer
+        self.cluster = cluster
+        self.node_id = node_id
+        self.num_partitions = cluster.num_partitions
+        self.catalog = catalog
+        self._write_timeout_s = write_timeout_ms / 1000
+        self._intervals = intervals
+        self._on_entry_result = on_entry_result
+        self._on_pruned = on_pruned
+        self._monotonic = monotonic
+        self._started_at = monotonic()
+        # State retention (SPEC §A): when each group was last touched by an RPC here.
+        self._group_touched: dict[str, float] = {}
+        self._last_pruned: dict[int, int] = {}
+        self._jobs: list[asyncio.Task[None]] = []
+
+    # --- the five RPCs ----------------------------------------------------------------
+
+    async def handle(self, request: ShareGroupStateRequest[Any]) -> ShareGroupStateResponse[Any]:
+        rpc = request.rpc
+        group_id = request.group_id
+        num_partitions = self.num_partitions
+        runtimes = self.runtimes
+        results: list[TopicResult[Any]] = []
+        # Where each executed entry's result sits, per state partition, so a failed
+        # commit can turn exactly those into 15.
+        placed: dict[int, list[tuple[list[AnyPartitionResult], int]]] = {}
+        touched_here = False
+        for topic in request.topics:
+            out: list[AnyPartitionResult] = []
+            results.append(TopicResult(topic.topic_id, out))
+            key_topic_id = topic.key_topic_id
+            for entry in topic.partitions:
+                partition = entry.partition
+                if entry.invalid is not None:
+                    out.append(error_result(rpc, partition, errors.INVALID_REQUEST, entry.invalid))
+                    continue
+                state_partition = partition_for(group_id, key_topic_id, partition, num_partitions)
+                runtime = runtimes.get(state_partition)
+                if runtime is None:
+                    out.append(_unavailable(rpc, partition, errors.NOT_COORDINATOR))
+                    continue
+                touched_here = True
+                if runtime.status is not Status.ACTIVE:
+                    code = (
+                        errors.COORDINATOR_LOAD_IN_PROGRESS
+                        if runtime.status is Status.LOADING
+                        else errors.COORDINATOR_NOT_AVAILABLE
+                    )
+                    out.append(_unavailable(rpc, partition, code))
+                    continue
+                key = ShareKey(group_id, key_topic_id, partition)
+                try:
+                    result = runtime.execute(_op_for(rpc, key, entry))
+                except Exception:
+                    _log.exception("state partition %d: operation failed", state_partition)
+                    out.append(_unavailable(rpc, partition, errors.COORDINATOR_NOT_AVAILABLE))
+                    continue
+                placed.setdefault(state_partition, []).append((out, len(out)))
+                out.append(result)  # type: ignore[arg-type]
+        if touched_here:
+            self._group_touched[group_id] = self._monotonic()
+        if placed:
+            failed = await self._wait_durable(placed)
+            for state_partition in failed:
+                for out, index in placed[state_partition]:
+                    out[index] = _unavailable(rpc, out[index].partition, errors.COORDINATOR_NOT_AVAILABLE)
+        if self._on_entry_result is not None:
+            for topic_result in results:
+                for r in topic_result.partitions:
+                    self._on_entry_result(rpc, r.error_code)
+        return ShareGroupStateResponse(rpc, results)
+
+    async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:
+        """Wait until each partition's log is durable up to what was observed; return
+        the partitions whose commit failed or did not finish within the write timeout."""
+        waits: dict[asyncio.Future[None], int] = {}
+        for state_partition in partitions:
+            offset = self.runtimes[state_partition].pending_offset()
+            if offset is not None:
+                future = self.committer.wait_durable(state_partition, offset)
+                future.add_done_callback(_consume_exception)
+                waits[future] = state_partition
+        if not waits:
+            return []
+        done, pending = await asyncio.wait(waits, timeout=self._write_timeout_s)
+        failed = [waits[f] for f in pending]
+        for future in done:
+            exc = future.exception()
+            if exc is not None:
+                if not isinstance(exc, DurabilityError):
+                    _log.error("unexpected durability failure: %r", exc)
+                failed.append(waits[future])
+        for future in pending:
+            _log.warning(
+                "state partition %d: commit did not finish within %.1fs; answering 15",
+                waits[future],
+                self._write_timeout_s,
+            )
+        return failed
+
+    def find_coordinator(self, request: FindCoordinatorRequest) -> FindCoordinatorResponse:
+        return FindCoordinatorResponse(find_coordinator(self.cluster, request.keys))
+
+    # --- admin ------------------------------------------------------------------------
+
+    def _runtime_for_key(self, key: ShareKey) -> PartitionRuntime:
+        state_partition = partition_for(key.group_id, key.topic_id, key.partition, self.num_partitions)
+        runtime = self.runtimes.get(state_partition)
+        if runtime is None:
+            owner = self.cluster.owner(state_partition)
+            raise ServiceError(
+                errors.NOT_COORDINATOR,
+                f"state partition {state_partition} is owned by node {owner.id} "
+                f"at {owner.host}:{owner.port}",
+            )
+        _require_active(runtime)
+        return runtime
+
+    async def admin_state(self, key: ShareKey) -> AdminState | None:
+        """The stored state of one key, no fencing, no side effect (SPEC §A.1 point 10).
+        Like every read, it waits until what it shows is durable."""
+        runtime = self._runtime_for_key(key)
+        state = runtime.shard.admin_state(key)
+        if runtime.pending_offset() is not None:
+            failed = await self._wait_durable([runtime.partition])
+            if failed:
+                raise ServiceError(
+                    errors.COORDINATOR_NOT_AVAILABLE,
+                    f"state partition {runtime.partition} could not make its state durable",
+                )
+        return state
+
+    async def register_topic(self, topic_id: str, partition_count: int) -> None:
+        await self.catalog.register(topic_id, partition_count)
+
+    async def delete_topic(self, topic_id: str) -> int:
+        """Tombstone every share-partition of the topic on this node, durably, then drop
+        it from the catalog (Kafka's onTopicsDeleted). A crash in between leaves the
+        topic registered; deleting it again finishes the job."""
+        if topic_id not in self.catalog:
+            raise ServiceError(
+                errors.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic_id} is not in the topic catalog"
+            )
+        for runtime in self.runtimes.values():
+            _require_active(runtime)
+        deleted = 0
+        op = DeleteTopicsOp(frozenset({topic_id}))
+        for runtime in self.runtimes.values():
+            deleted += runtime.execute(op)  # type: ignore[operator]
+        failed = await self._wait_durable(list(self.runtimes))
+        if failed:
+            raise ServiceError(
+                errors.COORDINATOR_NOT_AVAILABLE,
+                f"state partitions {sorted(failed)} could not make the tombstones durable; "
+                "the topic stays registered, delete it again",
+            )
+        await self.catalog.remove(topic_id)
+        return deleted
+
+    async def commit_compaction(self) -> tuple[list[str], list[str]]:
+        """Commit every staged compaction output of the partitions this node serves
+        (DESIGN.md's handshake); returns (committed, stale) as "partition/base"."""
+        committed: list[str] = []
+        stale: list[str] = []
+        for state_partition, runtime in sorted(self.runtimes.items()):
+            if runtime.status is not Status.ACTIVE:
+                continue
+            log = runtime.log
+            bases = await asyncio.to_thread(pending_staged, log.partition_dir)
+            for base in bases:
+                try:
+                    outcome = await asyncio.to_thread(log.commit_staged, base)
+                except Exception:
+                    _log.exception(
+                        "state partition %d: committing compaction at %d failed", state_partition, base
+                    )
+                    continue
+                name = f"{state_partition}/{base}"
+                (committed if outcome == "committed" else stale).append(name)
+                _log.info("state partition %d: compaction at %d %s", state_partition, base, outcome)
+        return committed, stale
+
+    def partition_statuses(self) -> list[dict[str, Any]]:
+        out = []
+        for state_partition, runtime in sorted(self.runtimes.items()):
+            log = runtime.log
+            loaded = runtime.status is not Status.LOADING
+            out.append(
+                {
+                    "partition": state_partition,
+                    "status": runtime.status.value,
+                    "log_start_offset": log.log_start_offset if loaded else None,
+                    "log_end_offset": log.log_end_offset if loaded else None,
+                    "segments": len(log.segments) if loaded else None,
+                    "bytes": log.size_bytes if loaded else None,
+                    "keys": len(runtime.shard),
+                    "error": runtime.error,
+                }
+            )
+        return out
+
+    def loading(self) -> bool:
+        return any(r.status is Status.LOADING for r in self.runtimes.values())
+
+    def failed_partitions(self) -> list[int]:
+        return sorted(p for p, r in self.runtimes.items() if r.status is Status.FAILED)
+
+    # --- periodic jobs ----------------------------------------------------------------
+
+    def start_jobs(self) -> None:
+        intervals = self._intervals
+        self._jobs = [
+            self._every(intervals.prune_ms, self.prune_once, "prune"),
+            self._every(intervals.cold_snapshot_ms, self.cold_snapshots_once, "cold-snapshots"),
+            self._every(
+                intervals.compaction_commit_ms, self.commit_compaction, "compaction-commit"
+            ),
+        ]
+        if intervals.state_retention_ms > 0:
+            # Look often enough that a group expires within a tenth of its retention.
+            check_ms = min(max(intervals.state_retention_ms // 10, 100), 60_000)
+            self._jobs.append(self._every(check_ms, self.expire_groups_once, "state-retention"))
+
+    def _every(
+        self, interval_ms: int, job: Callable[[], Awaitable[Any]], name: str
+    ) -> asyncio.Task[None]:
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval_ms / 1000)
+                try:
+                    await job()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:
+                    _log.exception("periodic job %s failed; it runs again in %d ms", name, interval_ms)
+
+        return asyncio.get_running_loop().create_task(loop(), name=name)
+
+    async def stop_jobs(self) -> None:
+        for task in self._jobs:
+            task.cancel()
+        for task in self._jobs:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._jobs = []
+
+    async def prune_once(self) -> None:
+        """Delete whole sealed segments below each partition's last redundant offset
+        (SPEC §9, §A). Only a mark that is itself durable counts: the snapshot that
+        makes the older records redundant must survive a crash first."""
+        for state_partition, runtime in sorted(self.runtimes.items()):
+            if runtime.status is not Status.ACTIVE:
+                continue
+            mark = runtime.shard.last_redundant_offset()
+            log = runtime.log
+            if mark is None or mark >= log.durable_end_offset:
+                continue
+            if self._last_pruned.get(state_partition) == mark:
+                continue
+            deleted = await asyncio.to_thread(log.prune, mark)
+            self._last_pruned[state_partition] = mark
+            if self._on_pruned is not None:
+                self._on_pruned(state_partition, mark)
+            if deleted:
+                _log.info(
+                    "state partition %d: pruned %d segments below offset %d",
+                    state_partition,
+                    len(deleted),
+                    mark,
+                )
+
+    async def cold_snapshots_once(self) -> int:
+        """SPEC §10 on every active partition; returns how many snapshots were written."""
+        written = 0
+        touched = []
+        for state_partition, runtime in self.runtimes.items():
+            if runtime.status is Status.ACTIVE:
+                count = runtime.execute(ColdSnapshotOp())
+                if count:
+                    written += count  # type: ignore[operator]
+                    touched.append(state_partition)
+        failed = await self._wait_durable(touched)
+        if failed:
+            _log.warning("cold snapshots not durable on state partitions %s", sorted(failed))
+        return written
+
+    async def expire_groups_once(self) -> int:
+        """State retention (SPEC §A): tombstone every share-partition of a group that no
+        RPC touched here for the retention time. A group's clock starts at its last RPC
+        or at this node's start, so a restart only ever delays expiry."""
+        retention_s = self._intervals.state_retention_ms / 1000
+        now = self._monotonic()
+        groups: set[str] = set()
+        for runtime in self.runtimes.values():
+            if runtime.status is Status.ACTIVE:
+                groups |= runtime.shard.group_ids()
+        expired = frozenset(
+            g for g in groups if now - self._group_touched.get(g, self._started_at) >= retention_s
+        )
+        if not expired:
+            return 0
+        op = ExpireGroupsOp(expired)
+        tombstoned = 0
+        touched = []
+        for state_partition, runtime in self.runtimes.items():
+            if runtime.status is Status.ACTIVE:
+                count = runtime.execute(op)
+                if count:
+                    tombstoned += count  # type: ignore[operator]
+                    touched.append(state_partition)
+        for group in expired:
+            self._group_touched.pop(group, None)
+        failed = await self._wait_durable(touched)
+        _log.info(
+            "state retention: expired %d groups (%d share-partitions)%s",
+            len(expired),
+            tombstoned,
+            f"; not durable on {sorted(failed)}" if failed else "",
+        )
+        return tombstoned
+
+
+def _unavailable(rpc: Rpc, partition: int, code: int) -> AnyPartitionResult:
+    message = (
+        errors.MSG_SHARE_COORDINATOR_NOT_AVAILABLE
+        if code == errors.COORDINATOR_NOT_AVAILABLE
+        else errors.default_message(code)
+    )
+    return error_result(rpc, partition, code, message)
+
+
+def _require_active(runtime: PartitionRuntime) -> None:
+    if runtime.status is Status.LOADING:
+        raise ServiceError(
+            errors.COORDINATOR_LOAD_IN_PROGRESS,
+            f"state partition {runtime.partition} is still loading",
+        )
+    if runtime.status is Status.FAILED:
+        raise ServiceError(
+            errors.COORDINATOR_NOT_AVAILABLE,
+            f"state partition {runtime.partition} is not available: {runtime.error}",
+        )
+
+
+def _consume_exception(future: asyncio.Future[None]) -> None:
+    # A wait abandoned at the write timeout may still fail later; retrieve it so
+    # asyncio does not report an exception nobody looked at.
+    if not future.cancelled():
+        future.exception()
