@@ -1,6 +1,8 @@
 """Bodies of the HTTP API (API.md) to typed messages and back, in msgpack or JSON.
 
-Pure, no I/O: bytes in, ``protocol.messages`` objects out, and the reverse.
+Pure, no I/O: bytes in, ``protocol.messages`` objects out, and the reverse. This module
+is the server's side (request bodies in, response bodies out) and the formats both sides
+share; ``protocol.client_codec`` is the client's mirror image.
 
 Decoding a request body follows API.md and SPEC §A.1, and raises only ``BodyError``
 (HTTP 400, code 42, naming the field), whatever the bytes are:
@@ -15,7 +17,8 @@ Decoding a request body follows API.md and SPEC §A.1, and raises only ``BodyErr
 4. Strings are exactly ``str``; ``group_id`` is non-empty; strings that are stored or
    echoed must be encodable as UTF-8 (JSON can carry lone surrogates); ``topic_id`` is
    a Kafka Uuid in either spelling (``protocol.topic_id``).
-5. ``Limits``: partition entries per request, state batches per entry.
+5. ``Limits``: entries per request (partition entries, counting a topic without any as
+   one), state batches per entry.
 
 A well-typed entry that fails an edge check does not raise: it is decoded with
 ``invalid`` set to the message, and fails alone with 42 (SPEC §A.1 points 1, 3, 13, 16).
@@ -43,10 +46,7 @@ from protocol.batches import DELIVERY_STATES, StateBatch
 from protocol.errors import MSG_NEGATIVE_PARTITION
 from protocol.messages import (
     AdminState,
-    CoordinatorResult,
     DeletePartition,
-    ErrorBody,
-    Fencing,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     InitializePartition,
@@ -59,7 +59,6 @@ from protocol.messages import (
     ShareGroupStateRequest,
     ShareGroupStateResponse,
     TopicRequest,
-    TopicResult,
     WritePartition,
 )
 from protocol.topic_id import canonical_topic_id
@@ -69,19 +68,13 @@ __all__ = [
     "BodyError",
     "Format",
     "Limits",
-    "decode_admin_state",
-    "decode_error",
     "decode_find_coordinator",
-    "decode_find_coordinator_response",
     "decode_request",
-    "decode_response",
     "decode_topic_registration",
     "encode_admin_state",
     "encode_error",
-    "encode_find_coordinator",
     "encode_find_coordinator_response",
     "encode_object",
-    "encode_request",
     "encode_response",
     "format_of",
     "response_format",
@@ -293,12 +286,16 @@ def decode_request(
     entries = 0
     for ti, raw_topic in enumerate(raw_topics):
         header = _topic_header(raw_topic, ti)
-        entries += len(header[2])
+        # A topic with no partitions still costs a result: it counts as one entry, so
+        # a body of empty topics cannot dodge the limit.
+        entries += len(header[2]) or 1
         headers.append(header)
     max_entries = limits.max_entries_per_request
     if entries > max_entries:
         raise BodyError(
-            "topics", f"{entries} partition entries, more than the limit of {max_entries}"
+            "topics",
+            f"{entries} entries (partition entries, and 1 per topic without any), "
+            f"more than the limit of {max_entries}",
         )
 
     decode_partitions = _PARTITION_DECODERS[rpc]
@@ -659,220 +656,3 @@ def encode_error(code: int, message: str, fmt: Format) -> bytes:
 def encode_object(obj: dict[str, Any], fmt: Format) -> bytes:
     """A small admin body (``{"error_code": 0}``, partition listings, ...)."""
     return _dump(obj, fmt)
-
-
-# --- client side: request encoding ----------------------------------------------------
-
-
-def _initialize_map(p: InitializePartition) -> dict[str, Any]:
-    return {"partition": p.partition, "state_epoch": p.state_epoch, "start_offset": p.start_offset}
-
-
-def _leader_epoch_map(p: ReadPartition | ReadSummaryPartition) -> dict[str, Any]:
-    return {"partition": p.partition, "leader_epoch": p.leader_epoch}
-
-
-def _write_map(p: WritePartition) -> dict[str, Any]:
-    return {
-        "partition": p.partition,
-        "state_epoch": p.state_epoch,
-        "leader_epoch": p.leader_epoch,
-        "start_offset": p.start_offset,
-        "delivery_complete_count": p.delivery_complete_count,
-        "state_batches": _batch_maps(p.state_batches),
-    }
-
-
-def _delete_map(p: DeletePartition) -> dict[str, Any]:
-    return {"partition": p.partition}
-
-
-_PARTITION_MAPS: dict[Rpc, Callable[[Any], dict[str, Any]]] = {
-    Rpc.INITIALIZE: _initialize_map,
-    Rpc.READ: _leader_epoch_map,
-    Rpc.WRITE: _write_map,
-    Rpc.DELETE: _delete_map,
-    Rpc.READ_SUMMARY: _leader_epoch_map,
-}
-
-
-def encode_request(req: ShareGroupStateRequest[Any], fmt: Format) -> bytes:
-    """The body of ``req`` (topic ids as spelled; ``invalid`` is not sent)."""
-    partition_map = _PARTITION_MAPS[req.rpc]
-    topics = [
-        {"topic_id": t.topic_id, "partitions": [partition_map(p) for p in t.partitions]}
-        for t in req.topics
-    ]
-    return _dump({"group_id": req.group_id, "topics": topics}, fmt)
-
-
-def encode_find_coordinator(req: FindCoordinatorRequest, fmt: Format) -> bytes:
-    return _dump({"keys": req.keys}, fmt)
-
-
-# --- client side: response decoding ---------------------------------------------------
-# These trust the server for meaning but still check every type, so that a malformed
-# body raises BodyError and nothing else. Clarity over speed here.
-
-
-def _int(m: dict[Any, Any], key: str, width: _Width, where: str) -> int:
-    value = m.get(key)
-    if type(value) is not int or not width.lo <= value <= width.hi:
-        raise _field_error(m, key, width.expected, where)
-    return value
-
-
-def _str(m: dict[Any, Any], key: str, where: str) -> str:
-    value = m.get(key)
-    if type(value) is not str:
-        raise _field_error(m, key, "a string", where)
-    return value
-
-
-def _message(m: dict[Any, Any], key: str, where: str) -> str | None:
-    value = m.get(key, 0)  # a missing key fails the str check below, null does not
-    if value is None:
-        return None
-    if type(value) is not str:
-        raise _field_error(m, key, "a string or null", where)
-    return value
-
-
-def _list(m: dict[Any, Any], key: str, where: str) -> list[Any]:
-    value = m.get(key)
-    if type(value) is not list:
-        raise _field_error(m, key, "a list", where)
-    return value
-
-
-def _map(value: object, where: str) -> dict[Any, Any]:
-    if type(value) is not dict:
-        raise _not_a("a map", value, where)
-    return value
-
-
-def _map_field(m: dict[Any, Any], key: str, where: str) -> dict[Any, Any]:
-    value = m.get(key)
-    if type(value) is not dict:
-        raise _field_error(m, key, "a map", where)
-    return value
-
-
-def _batches(m: dict[Any, Any], where: str) -> list[StateBatch]:
-    out = []
-    for bi, raw in enumerate(_list(m, "state_batches", where)):
-        at = f"{where}.state_batches[{bi}]" if where else f"state_batches[{bi}]"
-        b = _map(raw, at)
-        out.append(
-            StateBatch(
-                _int(b, "first_offset", _INT64, at),
-                _int(b, "last_offset", _INT64, at),
-                _int(b, "delivery_state", _INT8, at),
-                _int(b, "delivery_count", _INT16, at),
-            )
-        )
-    return out
-
-
-def _base_result(m: dict[Any, Any], at: str) -> PartitionResult:
-    return PartitionResult(
-        _int(m, "partition", _INT32, at),
-        _int(m, "error_code", _INT16, at),
-        _message(m, "error_message", at),
-    )
-
-
-def _read_result(m: dict[Any, Any], at: str) -> ReadPartitionResult:
-    return ReadPartitionResult(
-        _int(m, "partition", _INT32, at),
-        _int(m, "error_code", _INT16, at),
-        _message(m, "error_message", at),
-        _int(m, "state_epoch", _INT32, at),
-        _int(m, "start_offset", _INT64, at),
-        _batches(m, at),
-    )
-
-
-def _read_summary_result(m: dict[Any, Any], at: str) -> ReadSummaryPartitionResult:
-    return ReadSummaryPartitionResult(
-        _int(m, "partition", _INT32, at),
-        _int(m, "error_code", _INT16, at),
-        _message(m, "error_message", at),
-        _int(m, "state_epoch", _INT32, at),
-        _int(m, "leader_epoch", _INT32, at),
-        _int(m, "start_offset", _INT64, at),
-        _int(m, "delivery_complete_count", _INT32, at),
-    )
-
-
-_RESULT_DECODERS: dict[Rpc, Callable[[dict[Any, Any], str], Any]] = {
-    Rpc.INITIALIZE: _base_result,
-    Rpc.READ: _read_result,
-    Rpc.WRITE: _base_result,
-    Rpc.DELETE: _base_result,
-    Rpc.READ_SUMMARY: _read_summary_result,
-}
-
-
-def decode_response(rpc: Rpc, body: bytes, fmt: Format) -> ShareGroupStateResponse[Any]:
-    root = _load_map(body, fmt)
-    decode_result = _RESULT_DECODERS[rpc]
-    results: list[TopicResult[Any]] = []
-    for ti, raw_topic in enumerate(_list(root, "results", "")):
-        where = f"results[{ti}]"
-        topic = _map(raw_topic, where)
-        topic_id = _str(topic, "topic_id", where)
-        partitions = [
-            decode_result(_map(raw, f"{where}.partitions[{pi}]"), f"{where}.partitions[{pi}]")
-            for pi, raw in enumerate(_list(topic, "partitions", where))
-        ]
-        results.append(TopicResult(topic_id, partitions))
-    return ShareGroupStateResponse(rpc, results)
-
-
-def decode_find_coordinator_response(body: bytes, fmt: Format) -> FindCoordinatorResponse:
-    root = _load_map(body, fmt)
-    coordinators = []
-    for i, raw in enumerate(_list(root, "coordinators", "")):
-        at = f"coordinators[{i}]"
-        c = _map(raw, at)
-        coordinators.append(
-            CoordinatorResult(
-                _str(c, "key", at),
-                _int(c, "state_partition", _INT32, at),
-                _int(c, "node_id", _INT32, at),
-                _str(c, "host", at),
-                _int(c, "port", _INT32, at),
-                _int(c, "error_code", _INT16, at),
-                _message(c, "error_message", at),
-            )
-        )
-    return FindCoordinatorResponse(coordinators)
-
-
-def decode_admin_state(body: bytes, fmt: Format) -> AdminState:
-    root = _load_map(body, fmt)
-    fencing = _map_field(root, "fencing", "")
-    # Fencing.state_epoch is nullable: the key may have no state-epoch maximum.
-    fence_state_epoch = (
-        None
-        if fencing.get("state_epoch", 0) is None
-        else _int(fencing, "state_epoch", _INT32, "fencing")
-    )
-    return AdminState(
-        _str(root, "group_id", ""),
-        _str(root, "topic_id", ""),
-        _int(root, "partition", _INT32, ""),
-        _int(root, "snapshot_epoch", _INT32, ""),
-        _int(root, "state_epoch", _INT32, ""),
-        _int(root, "leader_epoch", _INT32, ""),
-        _int(root, "start_offset", _INT64, ""),
-        _int(root, "delivery_complete_count", _INT32, ""),
-        _batches(root, ""),
-        Fencing(fence_state_epoch, _int(fencing, "leader_epoch", _INT32, "fencing")),
-    )
-
-
-def decode_error(body: bytes, fmt: Format) -> ErrorBody:
-    root = _load_map(body, fmt)
-    return ErrorBody(_int(root, "error_code", _INT16, ""), _str(root, "error_message", ""))

@@ -15,24 +15,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.batches import StateBatch
+from protocol.client_codec import (
+    decode_admin_state,
+    decode_error,
+    decode_find_coordinator_response,
+    decode_response,
+    encode_find_coordinator,
+    encode_request,
+)
 from protocol.codec import (
     DEFAULT_LIMITS,
     BodyError,
     Format,
     Limits,
-    decode_admin_state,
-    decode_error,
     decode_find_coordinator,
-    decode_find_coordinator_response,
     decode_request,
-    decode_response,
     decode_topic_registration,
     encode_admin_state,
     encode_error,
-    encode_find_coordinator,
     encode_find_coordinator_response,
     encode_object,
-    encode_request,
     encode_response,
     format_of,
     response_format,
@@ -826,7 +828,21 @@ def test_more_partition_entries_than_the_limit_is_a_body_error(fmt: Format) -> N
     assert decode_request(Rpc.READ, encode(obj, fmt), fmt, limits).entry_count() == 4
     obj["topics"].append({"topic_id": TOPIC, "partitions": [entry(Rpc.READ)]})
     exc = body_error(lambda: decode_request(Rpc.READ, encode(obj, fmt), fmt, limits), "topics")
-    assert exc.problem == "5 partition entries, more than the limit of 4"
+    assert exc.problem == (
+        "5 entries (partition entries, and 1 per topic without any), more than the limit of 4"
+    )
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_topic_without_partitions_counts_as_one_entry_against_the_limit(fmt: Format) -> None:
+    limits = Limits(max_entries_per_request=3)
+    empty_topics = {"group_id": "g", "topics": [{"topic_id": TOPIC, "partitions": []}] * 3}
+    assert len(decode_request(Rpc.READ, encode(empty_topics, fmt), fmt, limits).topics) == 3
+    empty_topics["topics"] = empty_topics["topics"] * 2
+    exc = body_error(
+        lambda: decode_request(Rpc.READ, encode(empty_topics, fmt), fmt, limits), "topics"
+    )
+    assert exc.problem.startswith("6 entries")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
