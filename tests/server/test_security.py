@@ -9,13 +9,14 @@ import shutil
 import socket
 import ssl
 import subprocess
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp import web
+from blockbuster import blockbuster_ctx
 
 from server.security import (
     SecurityError,
@@ -203,44 +204,72 @@ SOCKET_TIMEOUT_S = 30
 # --- TLS ------------------------------------------------------------------------------------
 
 
-async def test_tls_works_and_the_client_verifies_the_server(pki, tls_app):
-    url = await tls_app(server_ssl_context(pki.server_cert, pki.server_key))
-    assert await get(url, client_ssl_context(pki.ca)) == "hello anonymous"
+@dataclass(frozen=True)
+class Contexts:
+    tls_server: ssl.SSLContext
+    mtls_server: ssl.SSLContext
+    client: ssl.SSLContext
+    client_with_cert: ssl.SSLContext
+    client_with_rogue_cert: ssl.SSLContext
+    client_trusting_rogue_ca: ssl.SSLContext
 
 
-async def test_client_refuses_a_server_its_ca_did_not_sign(pki):
-    server = server_ssl_context(pki.server_cert, pki.server_key)
-    _, connected = await handshake(server, client_ssl_context(pki.rogue_ca))
+@pytest.fixture(scope="session")
+def contexts(pki: Pki) -> Contexts:
+    """Built outside the event loop: loading them reads files (the daemon does it at start)."""
+    return Contexts(
+        tls_server=server_ssl_context(pki.server_cert, pki.server_key),
+        mtls_server=server_ssl_context(pki.server_cert, pki.server_key, pki.ca),
+        client=client_ssl_context(pki.ca),
+        client_with_cert=client_ssl_context(pki.ca, pki.client_cert, pki.client_key),
+        client_with_rogue_cert=client_ssl_context(
+            pki.ca, pki.rogue_client_cert, pki.rogue_client_key
+        ),
+        client_trusting_rogue_ca=client_ssl_context(pki.rogue_ca),
+    )
+
+
+@pytest.fixture
+def no_blocking_calls() -> Iterator[None]:
+    """The handshakes below run on the event loop; nothing there may block it."""
+    with blockbuster_ctx():
+        yield
+
+
+async def test_tls_works_and_the_client_verifies_the_server(contexts, tls_app, no_blocking_calls):
+    url = await tls_app(contexts.tls_server)
+    assert await get(url, contexts.client) == "hello anonymous"
+
+
+async def test_client_refuses_a_server_its_ca_did_not_sign(contexts, no_blocking_calls):
+    _, connected = await handshake(contexts.tls_server, contexts.client_trusting_rogue_ca)
     assert isinstance(connected, ssl.SSLCertVerificationError)
 
 
-async def test_mtls_refuses_a_client_without_a_certificate(pki, tls_app):
-    server = server_ssl_context(pki.server_cert, pki.server_key, pki.ca)
-    accepted, connected = await handshake(server, client_ssl_context(pki.ca))
+async def test_mtls_refuses_a_client_without_a_certificate(contexts, tls_app, no_blocking_calls):
+    accepted, connected = await handshake(contexts.mtls_server, contexts.client)
     assert isinstance(accepted, ssl.SSLError)
     assert accepted.reason == "PEER_DID_NOT_RETURN_A_CERTIFICATE"
     assert connected != b"hello"
     # and through aiohttp, as the daemon serves it: the request never reaches a handler
-    url = await tls_app(server)
+    url = await tls_app(contexts.mtls_server)
     with pytest.raises(aiohttp.ClientConnectionError):
-        await get(url, client_ssl_context(pki.ca))
+        await get(url, contexts.client)
 
 
-async def test_mtls_refuses_a_client_certificate_of_another_ca(pki):
-    server = server_ssl_context(pki.server_cert, pki.server_key, pki.ca)
-    client = client_ssl_context(pki.ca, pki.rogue_client_cert, pki.rogue_client_key)
-    accepted, connected = await handshake(server, client)
+async def test_mtls_refuses_a_client_certificate_of_another_ca(contexts, no_blocking_calls):
+    accepted, connected = await handshake(contexts.mtls_server, contexts.client_with_rogue_cert)
     assert isinstance(accepted, ssl.SSLError)
     assert accepted.reason == "CERTIFICATE_VERIFY_FAILED"
     assert connected != b"hello"
 
 
-async def test_mtls_accepts_a_client_certificate_signed_by_the_ca(pki, tls_app):
-    server = server_ssl_context(pki.server_cert, pki.server_key, pki.ca)
-    client = client_ssl_context(pki.ca, pki.client_cert, pki.client_key)
-    assert await handshake(server, client) == ("client", b"hello")
-    url = await tls_app(server)
-    assert await get(url, client) == "hello client"
+async def test_mtls_accepts_a_client_certificate_signed_by_the_ca(
+    contexts, tls_app, no_blocking_calls
+):
+    assert await handshake(contexts.mtls_server, contexts.client_with_cert) == ("client", b"hello")
+    url = await tls_app(contexts.mtls_server)
+    assert await get(url, contexts.client_with_cert) == "hello client"
 
 
 def test_tls_contexts_refuse_versions_below_1_2(pki):
