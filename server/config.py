@@ -207,6 +207,7 @@ def _ms(name: str, default: int, doc: str, kafka_name: str | None = None) -> Set
 
 
 def _file(name: str, doc: str) -> Setting:
+    doc += " An empty value means not set."
     return Setting(name, None, doc, parse_optional_path, _anything, metavar="FILE")
 
 
@@ -342,7 +343,14 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         at_least(0),
         metavar="SECONDS",
     ),
-    Setting("log_level", "info", "Log level.", parse_word, one_of(*LOG_LEVELS), metavar="LEVEL"),
+    Setting(
+        "log_level",
+        "info",
+        "Log level: debug, info, warning or error.",
+        parse_word,
+        one_of(*LOG_LEVELS),
+        metavar="LEVEL",
+    ),
     Setting(
         "log_format",
         "text",
