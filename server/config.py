@@ -1,0 +1,584 @@
+"""The daemon's configuration: a table of name / default / doc / validator.
+
+Names follow Kafka's where Kafka has the same setting
+(``share.coordinator.snapshot.update.records.per.snapshot`` →
+``snapshot_update_records_per_snapshot``). Each setting is read, first found wins, from
+
+1. its flag (``--data-dir``),
+2. the environment (``SHARECOORD_DATA_DIR``: ``SHARECOORD_`` + the flag's name in upper
+   case with ``-`` as ``_``),
+3. the ``--config`` TOML file (top-level key ``data_dir``),
+4. its default.
+
+Flags are declared with ``default=argparse.SUPPRESS`` so "not given" is visible. Every
+value, whatever its source, goes through the setting's ``parse`` and ``validate``; an
+error is a ``ConfigError`` naming the setting, where the value came from and what is
+allowed (the CLI prints it and exits 2). Unknown keys in the file are errors too: a typo
+must not be silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import ipaddress
+import math
+import os
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from server.cluster import ClusterError, ClusterMap, check_partition_count, load_cluster
+from server.shard import MAX_RECORDS_PER_SNAPSHOT
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10
+    import tomli as tomllib
+
+ENV_PREFIX = "SHARECOORD_"
+CONFIG_ENV_VAR = ENV_PREFIX + "CONFIG"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+_TRUE = ("true", "1", "yes")
+_FALSE = ("false", "0", "no")
+_INT32_MAX = 2**31 - 1
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names it, its source and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One row of the config table.
+
+    ``parse`` turns text (a flag, an env var, a string in the file) into a value;
+    ``validate`` raises ``ValueError`` saying what is allowed. ``flag`` defaults to the
+    name with ``-`` for ``_``.
+    """
+
+    name: str
+    default: Any
+    doc: str
+    parse: Callable[[str], Any]
+    validate: Callable[[Any], None]
+    kafka_name: str | None = None
+    flag: str = ""
+    metavar: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.flag:
+            object.__setattr__(self, "flag", "--" + self.name.replace("_", "-"))
+
+    @property
+    def env_var(self) -> str:
+        return ENV_PREFIX + self.flag.lstrip("-").upper().replace("-", "_")
+
+    @property
+    def is_bool(self) -> bool:
+        return isinstance(self.default, bool)
+
+
+# --- parsers (text -> value) -----------------------------------------------------------
+
+
+def parse_int(text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def parse_float(text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ValueError("expected a number") from None
+    if not math.isfinite(value):
+        raise ValueError("expected a finite number")
+    return value
+
+
+def parse_bool(text: str) -> bool:
+    word = text.strip().lower()
+    if word in _TRUE:
+        return True
+    if word in _FALSE:
+        return False
+    raise ValueError("expected a boolean: true/false, 1/0 or yes/no")
+
+
+def parse_path(text: str) -> str:
+    return os.path.expanduser(text)
+
+
+def parse_optional_path(text: str) -> str | None:
+    """A path, or ``None`` for an empty value (so an env var can unset a file's path)."""
+    return os.path.expanduser(text) if text.strip() else None
+
+
+def parse_word(text: str) -> str:
+    return text.strip().lower()
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` or ``[IPv6]:PORT`` → ``(host, port)``, the host without brackets."""
+    text = text.strip()
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0 or text[end + 1 : end + 2] != ":":
+            raise ValueError("expected [IPV6]:PORT, e.g. [::1]:9095")
+        host, port_text = text[1:end], text[end + 2 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(f"{host!r} in brackets is not an IPv6 address") from None
+    else:
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ValueError("expected HOST:PORT, e.g. 127.0.0.1:9095")
+        if ":" in host:
+            raise ValueError("an IPv6 address goes in brackets, e.g. [::1]:9095")
+        if not host or any(c.isspace() for c in host):
+            raise ValueError("the host is empty or has spaces (0.0.0.0 or [::] listen everywhere)")
+    if not (port_text.isascii() and port_text.isdigit()) or int(port_text) > 65535:
+        raise ValueError("the port must be an integer 0..65535")
+    return host, int(port_text)
+
+
+# --- validators (value -> None or ValueError) ------------------------------------------
+
+
+def at_least(minimum: int | float) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if value < minimum:
+            raise ValueError(f"must be >= {minimum}")
+
+    return check
+
+
+def between(low: int, high: int) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if not low <= value <= high:
+            raise ValueError(f"must be between {low} and {high}")
+
+    return check
+
+
+def one_of(*choices: str) -> Callable[[Any], None]:
+    def check(value: Any) -> None:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+
+    return check
+
+
+def _minus_one_or_positive(value: Any) -> None:
+    if value != -1 and value < 1:
+        raise ValueError("must be -1 (never) or >= 1")
+
+
+def _positive(value: Any) -> None:
+    if value <= 0:
+        raise ValueError("must be > 0")
+
+
+def _non_empty(value: Any) -> None:
+    if not value.strip():
+        raise ValueError("must not be empty")
+
+
+def _listen(value: Any) -> None:
+    parse_listen(value)
+
+
+def _anything(value: Any) -> None:
+    pass
+
+
+def _int(name: str, default: int, doc: str, check: Callable[[Any], None], **kw: Any) -> Setting:
+    return Setting(name, default, doc, parse_int, check, metavar="N", **kw)
+
+
+def _ms(name: str, default: int, doc: str, kafka_name: str | None = None) -> Setting:
+    return _int(name, default, doc, at_least(1), kafka_name=kafka_name)
+
+
+def _file(name: str, doc: str) -> Setting:
+    doc += " An empty value means not set."
+    return Setting(name, None, doc, parse_optional_path, _anything, metavar="FILE")
+
+
+SERVE_SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "data_dir",
+        "./data",
+        "Directory of the state log (one subdirectory per state partition).",
+        parse_path,
+        _non_empty,
+        metavar="DIR",
+    ),
+    Setting(
+        "listen",
+        "127.0.0.1:9095",
+        "Address to serve HTTP on: HOST:PORT, or [IPV6]:PORT; port 0 picks a free one.",
+        str.strip,
+        _listen,
+        metavar="HOST:PORT",
+    ),
+    _int(
+        "partitions",
+        50,
+        "Number of state partitions. Fixed for a data directory once created; in a "
+        "cluster it must equal the cluster file's num_partitions.",
+        at_least(1),
+        kafka_name="share.coordinator.state.topic.num.partitions",
+    ),
+    Setting(
+        "topic_catalog",
+        False,
+        "Check topics against the topic catalog (PUT /v1/admin/topics); off: no metadata "
+        "checks at all.",
+        parse_bool,
+        _anything,
+    ),
+    _int("max_body_bytes", 4194304, "Largest request body accepted (413 above).", at_least(1024)),
+    _int(
+        "max_entries_per_request",
+        5000,
+        "Most partition entries (over all topics) in one request.",
+        at_least(1),
+    ),
+    _int(
+        "max_state_batches_per_entry",
+        10000,
+        "Most state batches in one partition entry of a write.",
+        at_least(1),
+    ),
+    _int(
+        "segment_bytes",
+        104857600,
+        "Size at which a state partition's active log segment is rolled.",
+        at_least(1024),
+        kafka_name="share.coordinator.state.topic.segment.bytes",
+    ),
+    _int(
+        "snapshot_update_records_per_snapshot",
+        500,
+        "Updates of a key between two snapshots of it (SPEC §6).",
+        between(0, MAX_RECORDS_PER_SNAPSHOT),
+        kafka_name="share.coordinator.snapshot.update.records.per.snapshot",
+    ),
+    _int(
+        "state_retention_ms",
+        -1,
+        "Tombstone a group's state on this node once no RPC touched it for this long; -1 = never.",
+        _minus_one_or_positive,
+    ),
+    _int(
+        "node_id",
+        0,
+        "This node's id; with --cluster, it must be a node of the cluster file.",
+        between(0, _INT32_MAX),
+    ),
+    _file("cluster", "Cluster file (TOML) mapping nodes to state partitions (API.md)."),
+    _file(
+        "auth_token_file",
+        "File holding the bearer token every /v1/ request must carry.",
+    ),
+    _file("tls_cert", "TLS certificate chain (PEM); needs --tls-key."),
+    _file("tls_key", "TLS private key (PEM, unencrypted); needs --tls-cert."),
+    _file(
+        "tls_client_ca",
+        "CA bundle (PEM) client certificates must chain to: mutual TLS. Needs --tls-cert.",
+    ),
+    _ms(
+        "prune_interval_ms",
+        300000,
+        "How often sealed segments below every key's latest snapshot are deleted.",
+        "share.coordinator.state.topic.prune.interval.ms",
+    ),
+    _ms(
+        "cold_partition_snapshot_interval_ms",
+        300000,
+        "How often keys written only by updates get a fresh snapshot (SPEC §10).",
+        "share.coordinator.cold.partition.snapshot.interval.ms",
+    ),
+    _ms(
+        "compaction_commit_interval_ms",
+        5000,
+        "How often staged compaction output is looked for and committed.",
+    ),
+    _ms(
+        "write_timeout_ms",
+        5000,
+        "Timeout of one operation on a state partition (then error 15).",
+        "share.coordinator.write.timeout.ms",
+    ),
+    _int(
+        "append_linger_ms",
+        0,
+        "Extra wait before a group commit to gather more writes. Kafka's default is 5; "
+        "sharecoord's is 0 because writes arriving during an fsync already share the "
+        "next one.",
+        at_least(0),
+        kafka_name="share.coordinator.append.linger.ms",
+    ),
+    Setting(
+        "request_timeout_s",
+        60.0,
+        "Seconds a client may take to send a request, and an idle keep-alive connection "
+        "stays open; slow clients are cut off after it.",
+        parse_float,
+        _positive,
+        metavar="SECONDS",
+    ),
+    Setting(
+        "shutdown_timeout_s",
+        30.0,
+        "Seconds to drain in-flight requests on SIGTERM before closing connections.",
+        parse_float,
+        at_least(0),
+        metavar="SECONDS",
+    ),
+    Setting(
+        "log_level",
+        "info",
+        "Log level: debug, info, warning or error.",
+        parse_word,
+        one_of(*LOG_LEVELS),
+        metavar="LEVEL",
+    ),
+    Setting(
+        "log_format",
+        "text",
+        "Log format: text (one line per event) or json (one object per line).",
+        parse_word,
+        one_of(*LOG_FORMATS),
+        metavar="FORMAT",
+    ),
+)
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """The resolved settings of ``sharecoord serve``, one attribute per setting, plus
+    ``host``/``port`` from ``listen`` and the cluster map (from ``--cluster``, or this
+    node alone at the listen address)."""
+
+    data_dir: str
+    listen: str
+    partitions: int
+    topic_catalog: bool
+    max_body_bytes: int
+    max_entries_per_request: int
+    max_state_batches_per_entry: int
+    segment_bytes: int
+    snapshot_update_records_per_snapshot: int
+    state_retention_ms: int
+    node_id: int
+    cluster: str | None
+    auth_token_file: str | None
+    tls_cert: str | None
+    tls_key: str | None
+    tls_client_ca: str | None
+    prune_interval_ms: int
+    cold_partition_snapshot_interval_ms: int
+    compaction_commit_interval_ms: int
+    write_timeout_ms: int
+    append_linger_ms: int
+    request_timeout_s: float
+    shutdown_timeout_s: float
+    log_level: str
+    log_format: str
+    host: str
+    port: int
+    cluster_map: ClusterMap
+
+
+# --- argparse --------------------------------------------------------------------------
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, settings: Sequence[Setting], *, config_flag: bool = True
+) -> None:
+    """Add one ``--flag`` per setting (and ``--config FILE`` unless ``config_flag`` is
+    false). Nothing given leaves no attribute on the namespace (``argparse.SUPPRESS``)."""
+    if config_flag:
+        parser.add_argument(
+            "--config",
+            metavar="FILE",
+            default=argparse.SUPPRESS,
+            help=f"TOML file of settings, top-level keys with '_' (env {CONFIG_ENV_VAR}).",
+        )
+    for setting in settings:
+        help_text = _help(setting).replace("%", "%%")
+        if setting.is_bool:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.name,
+                action=argparse.BooleanOptionalAction,
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+        else:
+            parser.add_argument(
+                setting.flag,
+                dest=setting.name,
+                metavar=setting.metavar or "VALUE",
+                default=argparse.SUPPRESS,
+                help=help_text,
+            )
+
+
+def _help(setting: Setting) -> str:
+    parts = [f"default: {_show_default(setting.default)}", f"env {setting.env_var}"]
+    if setting.kafka_name:
+        parts.append(f"Kafka: {setting.kafka_name}")
+    return f"{setting.doc} ({'; '.join(parts)})"
+
+
+def _show_default(default: Any) -> str:
+    if default is None:
+        return "none"
+    if isinstance(default, bool):
+        return "true" if default else "false"
+    return str(default)
+
+
+# --- resolution ------------------------------------------------------------------------
+
+
+def resolve(
+    settings: Sequence[Setting],
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    config_file: str | None,
+) -> dict[str, Any]:
+    """The value of every setting: flag > env > file > default, parsed and validated."""
+    values, _ = _resolve_with_sources(settings, args, environ, config_file)
+    return values
+
+
+def load_serve_config(
+    args: argparse.Namespace, environ: Mapping[str, str] = os.environ
+) -> ServeConfig:
+    """Resolve ``SERVE_SETTINGS`` (the file from ``--config`` or ``SHARECOORD_CONFIG``),
+    check the settings that go together, and load the cluster map."""
+    config_file = getattr(args, "config", None) or environ.get(CONFIG_ENV_VAR) or None
+    values, sources = _resolve_with_sources(SERVE_SETTINGS, args, environ, config_file)
+
+    def where(name: str) -> str:
+        return f"{name} (from {sources[name]})"
+
+    if (values["tls_cert"] is None) != (values["tls_key"] is None):
+        given = "tls_cert" if values["tls_cert"] is not None else "tls_key"
+        raise ConfigError(f"{where(given)} is set without the other: give --tls-cert and --tls-key")
+    if values["tls_client_ca"] is not None and values["tls_cert"] is None:
+        raise ConfigError(
+            f"{where('tls_client_ca')} needs --tls-cert and --tls-key: mutual TLS is TLS first"
+        )
+    host, port = parse_listen(values["listen"])
+    node_id, partitions = values["node_id"], values["partitions"]
+    if values["cluster"] is None:
+        cluster_map = ClusterMap.single(node_id, host, port, partitions)
+    else:
+        try:
+            cluster_map = load_cluster(values["cluster"])
+            check_partition_count(cluster_map, partitions)
+        except ClusterError as exc:
+            raise ConfigError(f"{where('cluster')}: {exc}") from None
+        if node_id not in {node.id for node in cluster_map.nodes}:
+            ids = ", ".join(str(node.id) for node in cluster_map.nodes)
+            raise ConfigError(
+                f"{where('node_id')} = {node_id} is not a node of cluster file "
+                f"{values['cluster']} (ids: {ids}); give --node-id"
+            )
+    return ServeConfig(**values, host=host, port=port, cluster_map=cluster_map)
+
+
+def _resolve_with_sources(
+    settings: Sequence[Setting],
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    config_file: str | None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    file_values = _read_config_file(config_file, settings) if config_file else {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in settings:
+        if hasattr(args, setting.name):
+            raw: Any = getattr(args, setting.name)
+            source = f"flag {setting.flag}"
+        elif setting.env_var in environ:
+            raw = environ[setting.env_var]
+            source = f"env var {setting.env_var}"
+        elif setting.name in file_values:
+            raw = file_values[setting.name]
+            source = f"key {setting.name} in config file {config_file}"
+        else:
+            values[setting.name] = setting.default
+            sources[setting.name] = "default"
+            continue
+        values[setting.name] = _convert(setting, raw, source)
+        sources[setting.name] = source
+    return values, sources
+
+
+def _convert(setting: Setting, raw: Any, source: str) -> Any:
+    try:
+        if isinstance(raw, str):
+            value = setting.parse(raw)
+        elif isinstance(raw, bool) and setting.is_bool:
+            value = raw
+        elif isinstance(raw, bool):  # TOML true where a non-boolean belongs
+            value = setting.parse("true" if raw else "false")
+        elif isinstance(raw, (int, float)):
+            value = setting.parse(str(raw))
+        else:
+            raise ValueError("expected a string, number or boolean")
+        if value is not None:
+            setting.validate(value)
+    except ValueError as exc:
+        raise ConfigError(f"{setting.name}: {exc}; got {raw!r} from {source}") from None
+    return value
+
+
+def _read_config_file(path: str, settings: Sequence[Setting]) -> dict[str, Any]:
+    try:
+        with open(path, "rb") as f:
+            document: dict[str, Any] = tomllib.load(f)
+    except OSError as exc:
+        raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: not valid TOML: {exc}") from exc
+    # Keys of other serve settings are allowed (one file serves several commands);
+    # anything else is a typo and refused.
+    known = {s.name for s in SERVE_SETTINGS} | {s.name for s in settings}
+    unknown = sorted(set(document) - known)
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key.replace("-", "_"), known, n=1)
+            hints.append(f"{key} (did you mean {close[0]}?)" if close else key)
+        raise ConfigError(f"config file {path}: unknown key(s): {', '.join(hints)}")
+    return document
+
+
+# --- documentation ---------------------------------------------------------------------
+
+
+def describe_settings(settings: Sequence[Setting] = SERVE_SETTINGS) -> str:
+    """The config table in Markdown, for the README."""
+    lines = [
+        "| name | flag | env var | default | Kafka name | doc |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in settings:
+        kafka = f"`{s.kafka_name}`" if s.kafka_name else ""
+        default = f"`{_show_default(s.default)}`"
+        doc = s.doc.replace("|", "\\|")
+        lines.append(f"| `{s.name}` | `{s.flag}` | `{s.env_var}` | {default} | {kafka} | {doc} |")
+    return "\n".join(lines) + "\n"

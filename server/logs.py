@@ -1,0 +1,138 @@
+"""Structured logs for the ``sharecoord`` logger hierarchy, to stderr.
+
+Two formats (``--log-format``):
+
+* ``text``, one line per event for people::
+
+      2025-01-31T12:00:00.123Z INFO sharecoord.log state partition loaded partition=3 records=120
+
+* ``json``, one object per line for machines: ``ts``, ``level``, ``logger``, ``msg``, the
+  event's fields, and ``exc`` (the trace) when an exception is logged.
+
+Fields come from ``log_event(logger, "info", "loaded", partition=3)`` or from the
+standard ``extra={"partition": 3}``. Modules log to ``logging.getLogger("sharecoord.<x>")``
+and need nothing from here; ``setup_logging`` is called once by the CLI (again is
+harmless: it replaces its own handler, never adds a second).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from typing import Any, TextIO
+
+LOGGER_NAME = "sharecoord"
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+FORMATS = ("text", "json")
+_JSON_KEYS = ("ts", "level", "logger", "msg", "exc", "stack")
+_FIELDS = "sharecoord_fields"  # the LogRecord attribute log_event puts its fields in
+_RECORD_ATTRS = frozenset(
+    logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys() | {"message", "asctime", _FIELDS}
+)
+
+
+class _Handler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Ours, so that a second ``setup_logging`` finds and replaces it."""
+
+
+def setup_logging(
+    level: str,
+    fmt: str,
+    *,
+    stream: TextIO | None = None,
+    other_loggers: Sequence[str] = (),
+) -> logging.Logger:
+    """Send the ``sharecoord`` loggers (and ``other_loggers``, e.g. ``"aiohttp.server"``)
+    to stderr (or ``stream``) at ``level`` in format ``fmt`` (text or json)."""
+    if level not in LEVELS:
+        raise ValueError(f"log level must be one of {', '.join(LEVELS)}, got {level!r}")
+    if fmt not in FORMATS:
+        raise ValueError(f"log format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+    formatter = JsonFormatter() if fmt == "json" else TextFormatter()
+    for name in (LOGGER_NAME, *other_loggers):
+        logger = logging.getLogger(name)
+        for old in [h for h in logger.handlers if isinstance(h, _Handler)]:
+            logger.removeHandler(old)
+        handler = _Handler(stream if stream is not None else sys.stderr)
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
+        logger.setLevel(LEVELS[level])
+        # Our handler is the one that writes; the root logger must not print it again.
+        logger.propagate = False
+    return logging.getLogger(LOGGER_NAME)
+
+
+def log_event(
+    logger: logging.Logger,
+    level: str | int,
+    msg: str,
+    /,
+    *,
+    exc_info: bool | BaseException | None = None,
+    **fields: Any,
+) -> None:
+    """Log ``msg`` with ``fields``: any names, even ``level`` or ones ``LogRecord`` uses."""
+    levelno = LEVELS[level] if isinstance(level, str) else level
+    if logger.isEnabledFor(levelno):
+        logger.log(levelno, msg, exc_info=exc_info, extra={_FIELDS: fields}, stacklevel=2)
+
+
+def event_fields(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields of a record: ``extra=`` attributes, then ``log_event``'s."""
+    fields = {k: v for k, v in record.__dict__.items() if k not in _RECORD_ATTRS}
+    fields.update(getattr(record, _FIELDS, None) or {})
+    return fields
+
+
+def _timestamp(record: logging.LogRecord) -> str:
+    moment = datetime.fromtimestamp(record.created, timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class TextFormatter(logging.Formatter):
+    """``time LEVEL logger message key=value ...``; a trace follows on its own lines."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.getMessage().replace("\n", "\\n")
+        parts = [_timestamp(record), record.levelname, record.name, message]
+        parts.extend(f"{key}={_text_value(value)}" for key, value in event_fields(record).items())
+        line = " ".join(parts)
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
+        return line
+
+
+def _text_value(value: Any) -> str:
+    text = str(value)
+    if not text or any(c.isspace() or c in '"=\\' for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line; a field named like a core key gets ``field_`` before it."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        document: dict[str, Any] = {
+            "ts": _timestamp(record),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        for key, value in event_fields(record).items():
+            document[f"field_{key}" if key in _JSON_KEYS else key] = value
+        if record.exc_info:
+            document["exc"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            document["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(document, ensure_ascii=False, default=str)
