@@ -359,7 +359,109 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         one_of(*LOG_FORMATS),
         metavar="FORMAT",
     ),
+
 )
+
+
+# --- the other commands (API.md's CLI) ----------------------------------------------------
+# Their flags read the environment and the config file exactly like serve's, so one
+# file can carry the settings of every command.
+
+_DATA_DIR = SERVE_SETTINGS[0]
+
+
+def _text(name: str, doc: str, metavar: str = "TEXT") -> Setting:
+    return Setting(name, None, doc, str, _anything, metavar=metavar)
+
+
+_MASTER = Setting(
+    "master",
+    "local[*]",
+    "Spark master URL: local[*] (the embedded default) or spark://host:7077, yarn, ...",
+    str.strip,
+    _non_empty,
+    metavar="URL",
+)
+
+COMPACT_SETTINGS: tuple[Setting, ...] = (
+    _DATA_DIR,
+    _MASTER,
+    _int(
+        "tombstone_retention_ms",
+        86_400_000,
+        "Compaction drops a key whose latest record is a tombstone older than this.",
+        at_least(0),
+        kafka_name="delete.retention.ms",
+    ),
+)
+
+AUDIT_SETTINGS: tuple[Setting, ...] = (
+    _DATA_DIR,
+    Setting(
+        "out",
+        None,
+        "Directory for the audit report (JSON, Parquet, PNG, HTML); required.",
+        parse_optional_path,
+        _anything,
+        metavar="DIR",
+    ),
+    _int(
+        "delivery_limit",
+        5,
+        "Records at or over this delivery count should have been archived.",
+        at_least(1),
+        kafka_name="group.share.delivery.count.limit",
+    ),
+    _MASTER,
+)
+
+LOG_DUMP_SETTINGS: tuple[Setting, ...] = (
+    _DATA_DIR,
+    Setting(
+        "partition", None, "Only this state partition.", parse_int, at_least(0), metavar="P"
+    ),
+    Setting("json", False, "One JSON object per record.", parse_bool, _anything),
+)
+
+LOG_VERIFY_SETTINGS: tuple[Setting, ...] = (_DATA_DIR,)
+
+STATE_GET_SETTINGS: tuple[Setting, ...] = (
+    _text("url", "Base URL of a daemon, e.g. http://127.0.0.1:9095; required.", "URL"),
+    _text("group", "Group id; required.", "G"),
+    _text("topic", "Topic id (22-char or RFC 4122 form); required.", "T"),
+    Setting("partition", None, "Partition; required.", parse_int, _anything, metavar="P"),
+    _file("token_file", "File holding the bearer token."),
+    _file("cacert", "CA certificate (PEM) to verify the daemon's TLS certificate."),
+    _file("cert", "Client certificate (PEM) for mutual TLS."),
+    _file("key", "Client private key (PEM) for mutual TLS."),
+)
+
+_ALL_SETTINGS: tuple[Setting, ...] = (
+    SERVE_SETTINGS
+    + COMPACT_SETTINGS
+    + AUDIT_SETTINGS
+    + LOG_DUMP_SETTINGS
+    + STATE_GET_SETTINGS
+)
+
+
+def load_settings(
+    settings: Sequence[Setting],
+    args: argparse.Namespace,
+    environ: Mapping[str, str] = os.environ,
+    *,
+    required: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Resolve one command's settings (flag > env > file > default); a ``required``
+    setting left unset is a ConfigError naming its flag and env var."""
+    config_file = getattr(args, "config", None) or environ.get(CONFIG_ENV_VAR) or None
+    values = resolve(settings, args, environ, config_file)
+    by_name = {s.name: s for s in settings}
+    for name in required:
+        if values[name] is None:
+            setting = by_name[name]
+            raise ConfigError(f"{setting.flag} is required (or set {setting.env_var})")
+    return values
 
 
 @dataclass(frozen=True)
@@ -554,9 +656,9 @@ def _read_config_file(path: str, settings: Sequence[Setting]) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: not valid TOML: {exc}") from exc
-    # Keys of other serve settings are allowed (one file serves several commands);
+    # Keys of any command's settings are allowed (one file serves several commands);
     # anything else is a typo and refused.
-    known = {s.name for s in SERVE_SETTINGS} | {s.name for s in settings}
+    known = {s.name for s in _ALL_SETTINGS} | {s.name for s in settings}
     unknown = sorted(set(document) - known)
     if unknown:
         hints = []

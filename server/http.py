@@ -59,6 +59,12 @@ class Coordinator:
             max_state_batches_per_entry=self.config.max_state_batches_per_entry,
         )
 
+    def rebind(self, cluster: ClusterMap) -> None:
+        """Advertise another address for this node (the port bound for --listen :0)."""
+        self.cluster = cluster
+        if self.service is not None:
+            self.service.cluster = cluster
+
     def require_service(self) -> CoordinatorService:
         if self.service is None:  # pragma: no cover - handlers run after startup
             raise web.HTTPServiceUnavailable()
@@ -116,7 +122,8 @@ async def errors_middleware(
         response = error_response(
             500, errors.UNKNOWN_SERVER_ERROR, errors.UnknownServerError.default_message or ""
         )
-    coordinator.metrics.http_response(response.status)
+    if response.status >= 400:
+        coordinator.metrics.http_errors.labels(response.status).inc()
     return response
 
 
@@ -211,19 +218,23 @@ def _service_error(exc: ServiceError, fmt: Format) -> web.Response:
 
 
 def _rpc_handler(rpc: Rpc) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    name = rpc.value
+
     @_handles_http_errors
     async def handle_rpc(request: web.Request) -> web.StreamResponse:
         coordinator = request.app[COORDINATOR]
+        metrics = coordinator.metrics
         started = time.perf_counter()
         body, fmt, out = await _read_body(request)
         try:
             decoded = codec.decode_request(rpc, body, fmt, coordinator.limits)
         except BodyError as exc:
-            coordinator.metrics.rpc(rpc.value, "invalid", time.perf_counter() - started)
+            metrics.rpc_requests.labels(name, errors.INVALID_REQUEST).inc()
             return error_response(400, errors.INVALID_REQUEST, str(exc), out)
         response = await coordinator.require_service().handle(decoded)
         encoded = codec.encode_response(response, out)
-        coordinator.metrics.rpc(rpc.value, "ok", time.perf_counter() - started)
+        metrics.rpc_requests.labels(name, "ok").inc()
+        metrics.rpc_latency.labels(name).observe(time.perf_counter() - started)
         return _respond(encoded, out)
 
     handle_rpc.__name__ = f"handle_{rpc.name.lower()}"
@@ -382,8 +393,9 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 log.partition(partition),
                 shard_config,
                 metadata=catalog if config.topic_catalog else None,
-                on_status_change=metrics.partition_status_changed,
+                metrics=metrics,
             )
+            _track(metrics, runtimes[partition])
         service = CoordinatorService(
             runtimes=runtimes,
             committer=committer,
@@ -397,10 +409,13 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 compaction_commit_ms=config.compaction_commit_interval_ms,
                 state_retention_ms=config.state_retention_ms,
             ),
-            on_entry_result=metrics.entry_result,
-            on_pruned=metrics.pruned,
+            on_entry_result=lambda rpc, code: metrics.partition_results.labels(
+                rpc.value, code
+            ).inc(),
+            on_pruned=lambda partition, mark: metrics.last_pruned_offset.labels(partition).set(
+                mark
+            ),
         )
-        metrics.attach(service, committer)
         coordinator.service = service
         committer.start()
         loading = asyncio.get_running_loop().create_task(_load_all(runtimes), name="load")
@@ -424,6 +439,19 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
     finally:
         await asyncio.to_thread(log.close)
         _log.info("state log closed")
+
+
+def _track(metrics: ShareCoordinatorMetrics, runtime: PartitionRuntime) -> None:
+    log = runtime.log
+    metrics.track_partition(
+        runtime.partition,
+        status=lambda: runtime.status.value,
+        keys=lambda: len(runtime.shard),
+        log_start_offset=lambda: log.log_start_offset,
+        log_end_offset=lambda: log.log_end_offset,
+        segments=lambda: len(log.segments),
+        size_bytes=lambda: log.size_bytes,
+    )
 
 
 async def _load_all(runtimes: dict[int, PartitionRuntime]) -> None:

@@ -22,9 +22,21 @@ from collections.abc import Callable
 
 from persistence import LogRecord, PartitionLog
 from protocol.records import RecordDecodeError, RecordDecoder, encode_key, encode_value, record_type
-from server.shard import Op, Response, ShardConfig, ShareCoordinatorShard, TopicMetadata
+from server.metrics import ShareCoordinatorMetrics
+from server.shard import (
+    Op,
+    ReadOp,
+    Response,
+    ShardConfig,
+    ShareCoordinatorShard,
+    TopicMetadata,
+    WriteOp,
+)
 
 _log = logging.getLogger("sharecoord.runtime")
+
+# Bytes a frame adds around its key and value (persistence/frame.py's header).
+FRAME_OVERHEAD = 34
 
 RELOAD_BACKOFF_INITIAL_S = 0.05
 RELOAD_BACKOFF_MAX_S = 5.0
@@ -53,14 +65,18 @@ class PartitionRuntime:
         *,
         metadata: TopicMetadata | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
-        on_status_change: Callable[[PartitionRuntime], None] | None = None,
+        metrics: ShareCoordinatorMetrics | None = None,
     ) -> None:
         self.partition = partition
         self.log = log
         self._shard_config = shard_config
         self._metadata = metadata
         self._now_ms = now_ms
-        self._on_status_change = on_status_change
+        self._metrics = metrics or ShareCoordinatorMetrics()
+        # Bound once: the hot path only increments.
+        self._records_appended = self._metrics.records_appended.labels(partition)
+        self._bytes_appended = self._metrics.bytes_appended.labels(partition)
+        self._shard_writes = self._metrics.shard_writes
         self.shard = self._new_shard()
         self.status = Status.LOADING
         self.error: str | None = None
@@ -76,8 +92,6 @@ class PartitionRuntime:
     def _set_status(self, status: Status, error: str | None = None) -> None:
         self.status = status
         self.error = error
-        if self._on_status_change is not None:
-            self._on_status_change(self)
 
     # --- loading ----------------------------------------------------------------------
 
@@ -91,6 +105,7 @@ class PartitionRuntime:
             _log.error("state partition %d failed to load: %s", self.partition, self.error)
             return
         self.load_seconds = time.perf_counter() - started
+        self._metrics.load_duration.labels(self.partition).set(self.load_seconds)
         self._set_status(Status.ACTIVE)
         _log.info(
             "state partition %d loaded: %d keys, offsets %d..%d, %.3fs",
@@ -116,14 +131,22 @@ class PartitionRuntime:
         """
         shard = self.shard
         records, response = shard.handle(op)
+        kind = type(op)
+        if kind is WriteOp or (kind is ReadOp and records):
+            # Kafka's write-total: every write a shard handles, and leader-epoch reads.
+            self._shard_writes.inc()
         if records:
             log = self.log
             now = self._now_ms()
+            size = 0
             for record in records:
-                offset = log.append(
-                    record_type(record), encode_key(record.key), encode_value(record), now
-                )
+                key = encode_key(record.key)
+                value = encode_value(record)
+                offset = log.append(record_type(record), key, value, now)
                 shard.replay(offset, record)
+                size += FRAME_OVERHEAD + len(key) + (len(value) if value is not None else 0)
+            self._records_appended.inc(len(records))
+            self._bytes_appended.inc(size)
         return response
 
     def pending_offset(self) -> int | None:

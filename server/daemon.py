@@ -1,0 +1,92 @@
+"""``sharecoord serve``: run the HTTP server on uvloop until SIGTERM or SIGINT.
+
+Shutdown order: stop listening, let the requests in flight finish (up to
+``shutdown_timeout_s``), then the app's cleanup context stops the jobs, commits
+what is left and closes the log. Exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import ssl
+import sys
+
+import uvloop
+from aiohttp import web
+
+from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
+from server.cluster import ClusterMap
+from server.config import ServeConfig
+from server.http import COORDINATOR, create_app
+from server.security import load_token, server_ssl_context
+
+_log = logging.getLogger("sharecoord.daemon")
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+
+
+def run_server(config: ServeConfig) -> int:
+    """Serve until told to stop; returns the process exit code."""
+    # Files are read here, before the loop exists, so nothing blocks it later.
+    token = load_token(config.auth_token_file) if config.auth_token_file else None
+    ssl_context = (
+        server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+        if config.tls_cert and config.tls_key
+        else None
+    )
+    fs: FileOps | None = None
+    if os.environ.get(FAILPOINTS_ENV):
+        # Fault injection for the reliability suite; never set in production.
+        fs = FaultInjectingFileOps.from_env()
+        _log.warning("fault injection enabled through %s", FAILPOINTS_ENV)
+    app = create_app(config, config.cluster_map, token=token, fs=fs)
+    try:
+        return uvloop.run(_serve(app, config, ssl_context))
+    except LogError as exc:
+        # The data directory is locked by another process, or was made for another
+        # partition count: say so plainly, no trace.
+        print(f"sharecoord serve: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
+
+
+async def _serve(app: web.Application, config: ServeConfig, ssl_context: ssl.SSLContext | None) -> int:
+    runner = web.AppRunner(
+        app,
+        handle_signals=False,
+        access_log=None,
+        shutdown_timeout=config.shutdown_timeout_s,
+        keepalive_timeout=config.request_timeout_s,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
+        await site.start()
+        host, port = _bound_address(runner, config)
+        coordinator = app[COORDINATOR]
+        if config.cluster is None and port != config.port:
+            # --listen with port 0: advertise the port actually bound.
+            coordinator.rebind(ClusterMap.single(config.node_id, host, port, config.partitions))
+        scheme = "https" if ssl_context else "http"
+        _log.info("listening on %s://%s:%d", scheme, host, port)
+        print(f"sharecoord listening on {scheme}://{host}:{port}", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        _log.info("stopping: no new connections; finishing the requests in flight")
+    finally:
+        await runner.cleanup()
+    _log.info("stopped")
+    return EXIT_OK
+
+
+def _bound_address(runner: web.AppRunner, config: ServeConfig) -> tuple[str, int]:
+    for address in runner.addresses:
+        if isinstance(address, tuple) and len(address) >= 2:
+            return str(address[0]), int(address[1])
+    return config.host, config.port
