@@ -264,8 +264,8 @@ def swap_in(
     replaced = segments[start : start + len(staged.manifest.replaced)]
     swap = swap_path(partition_dir, base)
     fs.rename(cleaned_path(partition_dir, base), swap)
-    fs.fsync_dir(partition_dir)
     try:
+        fs.fsync_dir(partition_dir)
         fs.fsync_dir(staging_dir(partition_dir))
         _finish_swap(fs, partition_dir, base, staged.manifest)
     except OSError as exc:
