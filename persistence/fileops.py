@@ -207,27 +207,27 @@ class FaultInjectingFileOps(FileOps):
         super().close(fd)
 
     def read(self, fd: int, size: int) -> bytes:
-        self._maybe_fail("read", self._path_of(fd))
+        self._maybe_fail("read", self.path_of(fd))
         return super().read(fd, size)
 
     def pread(self, fd: int, size: int, offset: int) -> bytes:
-        self._maybe_fail("read", self._path_of(fd))
+        self._maybe_fail("read", self.path_of(fd))
         return super().pread(fd, size, offset)
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
-        rule = self._match("write", self._path_of(fd))
+        rule = self._match("write", self.path_of(fd))
         if rule is not None:
             if rule.short_write and len(data) > 1:
                 super().write(fd, data[: len(data) // 2])
-            raise _oserror(rule.errno, self._path_of(fd))
+            raise _oserror(rule.errno, self.path_of(fd))
         return super().write(fd, data)
 
     def fsync(self, fd: int) -> None:
-        self._maybe_fail("fsync", self._path_of(fd))
+        self._maybe_fail("fsync", self.path_of(fd))
         super().fsync(fd)
 
     def fdatasync(self, fd: int) -> None:
-        self._maybe_fail("fdatasync", self._path_of(fd))
+        self._maybe_fail("fdatasync", self.path_of(fd))
         super().fdatasync(fd)
 
     def fsync_dir(self, path: str) -> None:
@@ -235,7 +235,7 @@ class FaultInjectingFileOps(FileOps):
         super().fsync_dir(path)
 
     def truncate(self, fd: int, length: int) -> None:
-        self._maybe_fail("truncate", self._path_of(fd))
+        self._maybe_fail("truncate", self.path_of(fd))
         super().truncate(fd, length)
 
     def rename(self, src: str, dst: str) -> None:
@@ -252,7 +252,8 @@ class FaultInjectingFileOps(FileOps):
 
     # -- matching ----------------------------------------------------------------------
 
-    def _path_of(self, fd: int) -> str:
+    def path_of(self, fd: int) -> str:
+        """The path `fd` was opened with (through this object)."""
         with self._lock:
             return self._fd_paths.get(fd, f"<fd {fd}>")
 
