@@ -20,3 +20,15 @@ def blockbuster() -> Iterator[BlockBuster]:
 @pytest.fixture
 def data_dir(tmp_path: Path) -> str:
     return str(tmp_path / "data")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The long variants (marked slow) run with `-m slow` only: a plain run of the suite
+    keeps to the short ones."""
+    if config.option.markexpr:
+        return
+    here = Path(__file__).parent
+    slow = [i for i in items if i.get_closest_marker("slow") and here in i.path.parents]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [i for i in items if i not in slow]
