@@ -217,9 +217,9 @@ class PartitionLog:
         self._publish()
         self._pending = []
         self._log_end_offset = self._durable_end_offset = next_offset
-        if self.writable:
+        if segments:  # read-only: what may be read (a torn tail is left out)
             self._durable_base, self._durable_size = segments[-1].base_offset, segments[-1].size
-            self._durable_known = True
+            self._durable_known = self.writable
         self._failure = None
         self._opened = True
         return RecoveryReport(
