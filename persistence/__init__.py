@@ -28,9 +28,14 @@ from persistence.partition import (
     PartitionLog,
     RecoveryReport,
     TornTail,
-    read_partition,
 )
-from persistence.segments import SegmentInfo, fingerprint_segment, list_segments, read_segment
+from persistence.segments import (
+    SegmentInfo,
+    fingerprint_segment,
+    list_segments,
+    read_partition,
+    read_segment,
+)
 from persistence.staging import SegmentFingerprint
 from persistence.statelog import StateLog, partition_dir, read_meta
 from persistence.swap import (

@@ -321,3 +321,32 @@ def _base_of(path: str) -> int:
     """The base offset a file's name gives (`<20 digits>.<anything>`), else 0."""
     stem = os.path.basename(path).split(".", 1)[0]
     return int(stem) if stem.isdigit() else 0
+
+
+def read_partition(
+    partition_dir: str | os.PathLike[str], from_offset: int = 0, fs: FileOps | None = None
+) -> Iterator[LogRecord]:
+    """The records of a partition directory at or above `from_offset`, verified, for
+    readers outside the daemon (log dump, the Spark jobs). A frame cut short at the end
+    of the newest segment (being written by a running daemon) ends the iteration."""
+    fs = fs or _DEFAULT_FS
+    segments = list_segments(os.fspath(partition_dir), fs)
+    last_offset = -1
+    for index, segment in enumerate(segments):
+        newest = index == len(segments) - 1
+        below = None if newest else segments[index + 1].base_offset
+        if below is not None and below <= from_offset:
+            continue
+        fd = fs.open(segment.path, os.O_RDONLY)
+        try:
+            stream = FrameStream(
+                fs,
+                fd,
+                min_offset=max(segment.base_offset, last_offset + 1),
+                below_offset=below,
+            )
+            for record in iter_stream(stream, segment.path, from_offset, newest):
+                last_offset = record.offset
+                yield record
+        finally:
+            fs.close(fd)
