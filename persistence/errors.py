@@ -70,3 +70,4 @@ class DurabilityError(LogError):
         self.partition = partition
         self.cause = cause
         super().__init__(f"state partition {partition}: write or fsync failed: {cause!r}")
+        self.__cause__ = cause  # tracebacks show the OSError
