@@ -161,3 +161,48 @@ def test_a_tombstone_and_an_empty_value_read_back_distinctly(data_dir: str) -> N
         LogRecord(0, 5, 0, b"gone", None),
         LogRecord(1, 6, 1, b"empty", b""),
     ]
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 97, 4096])
+def test_frames_straddling_read_chunks_read_back_and_damage_keeps_its_position(
+    data_dir: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("persistence.segments.READ_CHUNK", chunk)
+    log = open_log(data_dir)
+    part = log.partition(0)
+    part.open()
+    records = [
+        LogRecord(
+            part.append(i % 2, b"k" * (i % 13), b"v" * (i * 37 % 301), i),
+            i,
+            i % 2,
+            b"k" * (i % 13),
+            b"v" * (i * 37 % 301),
+        )
+        for i in range(60)
+    ]
+    part.commit()
+    assert list(part.read()) == records
+    newest = part.segments[-1].path
+    log.close()
+    size = os.path.getsize(newest)
+    with open(newest, "ab") as segment:
+        segment.write(encode_frame(60, 0, 0, b"k", b"v" * 50)[:30])
+    assert list(read_partition(os.path.dirname(newest))) == records
+    damaged_frame = max(p for p in frame_starts(newest, size) if p <= size // 2)
+    with open(newest, "r+b") as segment:
+        segment.seek(size // 2)
+        segment.write(b"\xee")
+    with pytest.raises(LogCorruptionError) as refused:
+        list(read_segment(newest))
+    assert refused.value.position == damaged_frame
+
+
+def frame_starts(path: str, size: int) -> list[int]:
+    starts, position = [], 0
+    with open(path, "rb") as segment:
+        data = segment.read(size)
+    while position < size:
+        starts.append(position)
+        position += 4 + int.from_bytes(data[position : position + 4], "big")
+    return starts
