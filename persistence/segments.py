@@ -214,10 +214,6 @@ class SegmentScan:
     damage: FrameError | None = None  # the first bad frame; position in the file
     tail_is_torn: bool = False  # set when asked: nothing valid follows the damage
 
-    @property
-    def incomplete_tail(self) -> bool:
-        return isinstance(self.damage, IncompleteFrame) and self.tail_is_torn
-
     def state(self) -> SegmentState:
         """The segment as it stands once whatever follows `valid_size` is cut."""
         return SegmentState(
@@ -272,40 +268,36 @@ def read_segment(
     *,
     fs: FileOps | None = None,
     from_offset: int = 0,
-    allow_incomplete_tail: bool = False,
+    allow_torn_tail: bool = False,
 ) -> Iterator[LogRecord]:
     """The records of one segment (or staged cleaned file), verified as they are read.
 
-    Raises LogCorruptionError at the first bad frame. With `allow_incomplete_tail` (for
-    reading the newest segment while the daemon may be writing it), a frame cut short at
-    the end of the file ends the iteration instead."""
+    Raises LogCorruptionError at the first bad frame. With `allow_torn_tail` (for the
+    newest segment, which the daemon may be writing, or a crash may have torn), damage
+    that recovery would cut as a torn tail ends the iteration instead: the records read
+    are those the recovered log keeps."""
     path = os.fspath(path)
     fs = fs or _DEFAULT_FS
     fd = fs.open(path, os.O_RDONLY)
     try:
         yield from iter_stream(
-            FrameStream(fs, fd, min_offset=_base_of(path)), path, from_offset, allow_incomplete_tail
+            FrameStream(fs, fd, min_offset=_base_of(path)), path, from_offset, allow_torn_tail
         )
     finally:
         fs.close(fd)
 
 
 def iter_stream(
-    stream: FrameStream, path: str, from_offset: int, allow_incomplete_tail: bool
+    stream: FrameStream, path: str, from_offset: int, allow_torn_tail: bool
 ) -> Iterator[LogRecord]:
+    """The records of `stream` from `from_offset`; raise at damage (but a torn tail, if
+    allowed)."""
     for _, record, _ in stream:
         if record.offset >= from_offset:
             yield record
     damage = stream.damage
-    if damage is None:
-        return
-    if (
-        allow_incomplete_tail
-        and isinstance(damage, IncompleteFrame)
-        and stream.damage_is_torn_tail()
-    ):
-        return
-    raise LogCorruptionError(path, damage.position, damage.reason)
+    if damage is not None and not (allow_torn_tail and stream.damage_is_torn_tail()):
+        raise LogCorruptionError(path, damage.position, damage.reason)
 
 
 def fingerprint_segment(path: str, fs: FileOps | None = None) -> SegmentFingerprint:
@@ -327,8 +319,9 @@ def read_partition(
     partition_dir: str | os.PathLike[str], from_offset: int = 0, fs: FileOps | None = None
 ) -> Iterator[LogRecord]:
     """The records of a partition directory at or above `from_offset`, verified, for
-    readers outside the daemon (log dump, the Spark jobs). A frame cut short at the end
-    of the newest segment (being written by a running daemon) ends the iteration."""
+    readers outside the daemon (log dump, the Spark jobs): the records recovery would
+    keep. A torn tail of the newest segment (a frame a running daemon is writing, or
+    the end a crash tore) ends the iteration; any other damage raises."""
     fs = fs or _DEFAULT_FS
     segments = list_segments(os.fspath(partition_dir), fs)
     last_offset = -1

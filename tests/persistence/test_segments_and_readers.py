@@ -117,11 +117,31 @@ def test_an_offline_reader_stops_at_a_frame_still_being_written(data_dir: str) -
     with open(newest, "ab") as segment:
         segment.write(encode_frame(4, 0, 0, b"k", b"v")[:20])
     assert list(read_partition(part.partition_dir)) == records
-    assert list(read_segment(newest, allow_incomplete_tail=True)) == records
+    assert list(read_segment(newest, allow_torn_tail=True)) == records
     with pytest.raises(LogCorruptionError) as refused:
         list(read_segment(newest))
     assert refused.value.position == 4 * FRAME_SIZE
     log.close()
+
+
+def test_an_offline_reader_reads_what_recovery_keeps_of_a_torn_tail(data_dir: str) -> None:
+    log = open_log(data_dir)
+    part = log.partition(0)
+    part.open()
+    records = write_records(part, 6)
+    newest = part.segments[-1].path
+    log.close()
+    with open(newest, "r+b") as segment:
+        segment.seek(4 * FRAME_SIZE)
+        segment.write(b"\0" * 2 * FRAME_SIZE)  # the last two frames never reached the disk
+    assert list(read_partition(part.partition_dir)) == records[:4]
+    assert read_back(data_dir, 0) == records[:4]
+    with open(newest, "r+b") as segment:
+        segment.seek(FRAME_SIZE)
+        segment.write(b"\0" * FRAME_SIZE)  # and now one in the middle
+    with pytest.raises(LogCorruptionError) as refused:
+        list(read_partition(part.partition_dir))
+    assert refused.value.position == FRAME_SIZE
 
 
 def test_an_offline_reader_refuses_damage(data_dir: str) -> None:
