@@ -135,7 +135,7 @@ def _checked_frames(items: Iterable[bytes | LogRecord], base: int) -> Iterable[b
                 )
             frame, offset = bytes(item), record.offset
         if offset <= previous:
-            raise ValueError(f"offset {offset} out of order: must exceed {previous} and {base - 1}")
+            raise ValueError(f"offset {offset} out of order: must exceed {previous}")
         previous = offset
         yield frame
 
