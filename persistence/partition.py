@@ -33,7 +33,7 @@ from persistence.segments import (
     list_log_files,
     list_segments,
     read_partition,
-    scan_segment,
+    scan_partition,
     segment_path,
 )
 from persistence.swap import (
@@ -192,20 +192,10 @@ class PartitionLog:
         torn: TornTail | None = None
         record_count = 0
         last_offset = -1
-        for index, (base, path) in enumerate(files):
-            newest = index == len(files) - 1
-            scan = scan_segment(
-                fs,
-                path,
-                base,
-                after_offset=last_offset,
-                below_offset=None if newest else files[index + 1][0],
-                classify_tail=newest,
-                on_record=on_record,
-            )
+        for scan in scan_partition(fs, files, on_record=on_record):
             if scan.damage is not None:
                 if not scan.tail_is_torn:
-                    raise LogCorruptionError(path, scan.damage.position, scan.damage.reason)
+                    raise LogCorruptionError(scan.path, scan.damage.position, scan.damage.reason)
                 torn = self._cut_torn_tail(scan)
             segments.append(scan.state())
             record_count += scan.record_count

@@ -13,7 +13,7 @@ order) and report or raise on the first one that is not right: nothing is skippe
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -261,6 +261,32 @@ def scan_segment(
         return scan
     finally:
         fs.close(fd)
+
+
+def scan_partition(
+    fs: FileOps,
+    segments: Sequence[tuple[int, str]],
+    *,
+    on_record: Callable[[LogRecord], None] | None = None,
+) -> Iterator[SegmentScan]:
+    """Scan a partition's segments, (base offset, path) oldest first: each one's offsets
+    above the previous segment's and below the next one's base. Damage in the newest is
+    classified (tail_is_torn); the caller decides what any damage means."""
+    last_offset = -1
+    for index, (base, path) in enumerate(segments):
+        newest = index == len(segments) - 1
+        scan = scan_segment(
+            fs,
+            path,
+            base,
+            after_offset=last_offset,
+            below_offset=None if newest else segments[index + 1][0],
+            classify_tail=newest,
+            on_record=on_record,
+        )
+        yield scan
+        if scan.last_offset is not None:
+            last_offset = scan.last_offset
 
 
 def read_segment(

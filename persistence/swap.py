@@ -38,6 +38,7 @@ from persistence.segments import (
     SegmentState,
     fingerprint_segment,
     list_log_files,
+    scan_partition,
     scan_segment,
     segment_name,
     segment_path,
@@ -172,10 +173,9 @@ def commit_staged(
     fs = fs or _DEFAULT_FS
     recover_staging(fs, partition_dir)
     segments = []
-    for segment_base, path in list_log_files(fs, partition_dir):
-        scan = scan_segment(fs, path, segment_base)
-        if scan.damage is not None:
-            raise LogCorruptionError(path, scan.damage.position, scan.damage.reason)
+    for scan in scan_partition(fs, list_log_files(fs, partition_dir)):
+        if scan.damage is not None and not scan.tail_is_torn:  # the tail is never swapped
+            raise LogCorruptionError(scan.path, scan.damage.position, scan.damage.reason)
         segments.append(scan.state())
     staged = load_staged(fs, partition_dir, base, segments)
     if staged is None:

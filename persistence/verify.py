@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from persistence.errors import LogError
 from persistence.fileops import FileOps
-from persistence.segments import list_segments, scan_segment
+from persistence.segments import list_segments, scan_partition
 from persistence.staging import SWAP_SUFFIX
 from persistence.statelog import partition_dir, read_meta
 from persistence.swap import pending_staged
@@ -85,25 +85,14 @@ def verify_partition(partition: int, directory: str, fs: FileOps) -> PartitionVe
         result.damage.append(Damage(directory, 0, f"cannot list the segments: {exc}"))
         return result
     result.segment_count = len(segments)
-    last_offset = -1
-    for index, segment in enumerate(segments):
-        newest = index == len(segments) - 1
-        scan = scan_segment(
-            fs,
-            segment.path,
-            segment.base_offset,
-            after_offset=last_offset,
-            below_offset=None if newest else segments[index + 1].base_offset,
-            limit=segment.size_bytes,
-            classify_tail=newest,
-        )
+    for scan in scan_partition(fs, [(s.base_offset, s.path) for s in segments]):
         result.record_count += scan.record_count
+        if result.first_offset is None:
+            result.first_offset = scan.first_offset
         if scan.last_offset is not None:
-            if result.first_offset is None:
-                result.first_offset = scan.first_offset
-            last_offset = result.last_offset = scan.last_offset
+            result.last_offset = scan.last_offset
         if scan.damage is not None:
-            found = Damage(segment.path, scan.damage.position, scan.damage.reason)
+            found = Damage(scan.path, scan.damage.position, scan.damage.reason)
             if scan.tail_is_torn:
                 result.tail = found
             else:

@@ -74,10 +74,13 @@ def test_a_commit_on_a_running_log_swaps_the_segments_and_its_memory(log: StateL
     assert read_back(log.data_dir, 0, segment_bytes=SEGMENT_BYTES) == folded + records[48:] + more
 
 
-def test_an_offline_commit_swaps_the_segments(log: StateLog) -> None:
+def test_an_offline_commit_swaps_the_segments_even_beside_a_torn_tail(log: StateLog) -> None:
     part = log.partition(0)
     records = list(part.read())
+    newest = part.segments[-1].path
     log.close()
+    with open(newest, "ab") as f:
+        f.write(b"\x00\x00\x01")  # a crash tore the active segment; the swap never touches it
     folded = stage_offline(part.partition_dir, records)
     assert commit_staged(part.partition_dir, 0) == "committed"
     assert read_back(log.data_dir, 0, segment_bytes=SEGMENT_BYTES) == folded + records[32:]
