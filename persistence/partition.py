@@ -179,10 +179,9 @@ class PartitionLog:
         the newest segment (keeping the cut bytes in a .broken file), and raise
         LogCorruptionError for any other damage. Read-only: change nothing."""
         fs = self._fs
+        if not fs.exists(self.partition_dir):
+            raise LogCorruptionError(self.partition_dir, 0, "the partition directory is missing")
         if self.writable:
-            if not fs.exists(self.partition_dir):
-                fs.mkdir(self.partition_dir)
-                fs.fsync_dir(os.path.dirname(self.partition_dir))
             actions = recover_staging(fs, self.partition_dir)
             files = list_log_files(fs, self.partition_dir)
         else:

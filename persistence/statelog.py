@@ -91,8 +91,6 @@ class StateLog:
             lock_fd = _take_lock(fs, data_dir)
         try:
             num_partitions = _check_meta(fs, data_dir, num_partitions, create=lock)
-            if lock:
-                _make_partition_dirs(fs, data_dir, num_partitions)
         except BaseException:
             if lock_fd is not None:
                 fs.close(lock_fd)
@@ -149,6 +147,9 @@ def _check_meta(fs: FileOps, data_dir: str, num_partitions: int | None, *, creat
     if not fs.exists(path) and create:
         if num_partitions is None:
             raise ValueError(f"{data_dir} is new: num_partitions is required to create it")
+        # Meta goes last: once it exists, every partition directory does, and a missing
+        # one is damage (PartitionLog.open refuses it), never a fresh start.
+        _make_partition_dirs(fs, data_dir, num_partitions)
         meta = {"format": META_FORMAT, "num_partitions": num_partitions}
         write_file_atomically(fs, path, json.dumps(meta).encode() + b"\n")
         return num_partitions

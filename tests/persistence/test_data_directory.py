@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 from log_helpers import append_records, open_log, tree_snapshot, write_records
 
-from persistence import LogError, LogLockedError, MetaMismatchError, StateLog
+from persistence import LogCorruptionError, LogError, LogLockedError, MetaMismatchError, StateLog
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -23,6 +24,28 @@ def test_a_new_directory_gets_meta_and_one_directory_per_partition(data_dir: str
         assert json.load(meta) == {"format": 1, "num_partitions": 3}
     assert sorted(os.listdir(os.path.join(data_dir, "partitions"))) == ["0", "1", "2"]
     assert not [n for n in os.listdir(data_dir) if n.endswith(".tmp")]
+
+
+def test_a_partition_directory_gone_missing_is_damage_not_a_fresh_start(data_dir: str) -> None:
+    log = open_log(data_dir)
+    log.partition(1).open()
+    write_records(log.partition(1), 3)
+    log.close()
+    shutil.rmtree(os.path.join(data_dir, "partitions", "1"))
+    log = open_log(data_dir)
+    log.partition(0).open()
+    with pytest.raises(LogCorruptionError, match="partition directory is missing"):
+        log.partition(1).open()
+    log.close()
+    assert not os.path.exists(os.path.join(data_dir, "partitions", "1"))
+
+
+def test_a_crash_before_meta_was_written_starts_the_directory_afresh(data_dir: str) -> None:
+    StateLog.open(data_dir, 2).close()
+    os.unlink(os.path.join(data_dir, "meta"))  # the partition directories came first
+    log = StateLog.open(data_dir, 2)
+    assert log.partition(1).open().log_end_offset == 0
+    log.close()
 
 
 def test_reopening_with_another_partition_count_is_refused_with_both_numbers(
