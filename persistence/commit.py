@@ -1,0 +1,206 @@
+"""Group commit: one cycle writes and fsyncs every dirty partition, then releases exactly
+the waiters it covered.
+
+A cycle, on the event loop:
+  1. take the dirty partitions (those with a waiter since the last cycle) and their
+     buffered appends (PartitionLog.take_pending: memory only);
+  2. write + fdatasync each partition's batch in the commit threads, off the loop;
+  3. resolve the waiters whose offsets are now below durable_end_offset; on a failure,
+     fail that partition's remaining waiters and report it (on_partition_failure).
+Appends and waits arriving while a cycle is in flight mark their partitions dirty and
+the next cycle starts as soon as this one ends: batching comes from the fsync time
+itself, with no sleep anywhere on the path.
+
+Threads, measured with tests/persistence/bench_group_commit.py (2-core VM, ext4 on a
+virtio disk where one fdatasync takes ~0.2 ms; one 2 KB record per dirty partition per
+cycle; ms per cycle, mean of 200 cycles, two runs):
+
+    dirty partitions   1 thread (in sequence)   2 threads    4 threads    8 threads
+    1                  0.36 / 0.36              0.39 / 0.33  0.33 / 0.34  0.35 / 0.33
+    4                  1.25 / 1.19              0.92 / 0.78  0.58 / 0.68  0.69 / 0.67
+    16                 3.78 / 3.93              3.03 / 3.14  2.13 / 2.49  1.99 / 2.28
+    50                 12.6 / 11.4              8.24 / 9.39  6.71 / 6.98  5.70 / 6.09
+
+Parallel fdatasyncs win once a few partitions are dirty (the filesystem folds
+concurrent flushes into one journal commit) and cost nothing with one dirty partition.
+The default is 4 threads: 8 gains a little more only with dozens of dirty partitions,
+and on two cores the extra threads mostly contend for the GIL. commit_threads=1 is the
+sequential variant.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from persistence.errors import DurabilityError, PartitionFailedError
+from persistence.partition import PartitionLog, PendingBatch
+from persistence.statelog import StateLog
+
+_log = logging.getLogger("sharecoord.log")
+
+DEFAULT_COMMIT_THREADS = 4
+
+FailureCallback = Callable[[int, BaseException], None]
+_Waiter = tuple[int, int, "asyncio.Future[None]"]  # offset, arrival order, future
+
+
+class GroupCommitter:
+    def __init__(
+        self,
+        log: StateLog,
+        *,
+        on_partition_failure: FailureCallback | None = None,
+        commit_threads: int = DEFAULT_COMMIT_THREADS,
+    ) -> None:
+        if commit_threads < 1:
+            raise ValueError(f"commit_threads must be >= 1, got {commit_threads}")
+        self._log = log
+        self._on_partition_failure = on_partition_failure
+        self._commit_threads = commit_threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._dirty: set[int] = set()
+        self._waiters: dict[int, list[_Waiter]] = {}
+        self._arrival = itertools.count()
+        self._reported: dict[int, BaseException] = {}
+        self.cycles = 0  # commit cycles that wrote something
+
+    def start(self) -> None:
+        """Start committing, on the running event loop."""
+        if self._task is not None:
+            raise RuntimeError("GroupCommitter already started")
+        self._executor = ThreadPoolExecutor(
+            self._commit_threads, thread_name_prefix="sharecoord-commit"
+        )
+        self._wakeup = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="group-commit")
+
+    async def close(self) -> None:
+        """Commit everything appended so far (waited for or not), then stop."""
+        if self._task is None or self._wakeup is None or self._executor is None:
+            return
+        if not self._closing:
+            self._closing = True
+            self._dirty.update(p.partition for p in self._log.partitions if p.has_pending)
+            self._wakeup.set()
+        try:
+            await self._task
+        finally:
+            await asyncio.to_thread(self._executor.shutdown, True)
+
+    def wait_durable(self, partition: int, offset: int) -> asyncio.Future[None]:
+        """A future that completes once `offset` of `partition` is fsynced, or fails
+        with DurabilityError if that partition's write or fsync fails first."""
+        if self._task is None or self._wakeup is None or self._closing:
+            raise RuntimeError("GroupCommitter is not running")
+        log = self._log.partition(partition)
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if offset < log.durable_end_offset:
+            future.set_result(None)
+        elif log.failure is not None:
+            future.set_exception(DurabilityError(partition, log.failure))
+        elif offset >= log.log_end_offset:
+            raise ValueError(
+                f"offset {offset} of partition {partition} was never appended "
+                f"(log end offset {log.log_end_offset})"
+            )
+        else:
+            heapq.heappush(
+                self._waiters.setdefault(partition, []), (offset, next(self._arrival), future)
+            )
+            self._dirty.add(partition)
+            self._wakeup.set()
+        return future
+
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                if self._dirty:
+                    dirty, self._dirty = self._dirty, set()
+                    await self._cycle(sorted(dirty))
+                if self._closing and not self._dirty:
+                    return
+        except asyncio.CancelledError:
+            self._fail_all(RuntimeError("group commit was cancelled"))
+            raise
+        except Exception as exc:
+            _log.exception("group commit stopped")
+            self._fail_all(exc)
+            raise
+
+    def _fail_all(self, cause: BaseException) -> None:
+        for partition in list(self._waiters):
+            self._fail_waiters(partition, cause)
+
+    async def _cycle(self, dirty: list[int]) -> None:
+        batches: list[tuple[PartitionLog, PendingBatch]] = []
+        for partition in dirty:
+            log = self._log.partition(partition)
+            try:
+                batch = log.take_pending()
+            except PartitionFailedError as exc:
+                self._partition_failed(partition, exc.cause or exc)
+                continue
+            if batch is not None:
+                batches.append((log, batch))
+            else:
+                self._release(partition)
+        if not batches:
+            return
+        self.cycles += 1
+        errors = await self._write(batches)
+        for (log, _), error in zip(batches, errors, strict=True):
+            self._release(log.partition)
+            if error is not None:
+                cause = error.cause if isinstance(error, PartitionFailedError) else error
+                self._partition_failed(log.partition, cause or error)
+
+    async def _write(
+        self, batches: list[tuple[PartitionLog, PendingBatch]]
+    ) -> list[BaseException | None]:
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(
+            *(
+                loop.run_in_executor(self._executor, log.write_batch, batch)
+                for log, batch in batches
+            ),
+            return_exceptions=True,
+        )
+        return [r if isinstance(r, BaseException) else None for r in results]
+
+    def _release(self, partition: int) -> None:
+        """Resolve the waiters of `partition` that are now durable."""
+        waiters = self._waiters.get(partition)
+        durable_end = self._log.partition(partition).durable_end_offset
+        while waiters and waiters[0][0] < durable_end:
+            _, _, future = heapq.heappop(waiters)
+            if not future.done():
+                future.set_result(None)
+
+    def _partition_failed(self, partition: int, cause: BaseException) -> None:
+        self._release(partition)
+        self._fail_waiters(partition, cause)
+        if self._reported.get(partition) is cause:
+            return
+        self._reported[partition] = cause
+        _log.error("state partition %d: write or fsync failed: %r", partition, cause)
+        if self._on_partition_failure is not None:
+            try:
+                self._on_partition_failure(partition, cause)
+            except Exception:
+                _log.exception("on_partition_failure(%d) raised", partition)
+
+    def _fail_waiters(self, partition: int, cause: BaseException) -> None:
+        for _, _, future in self._waiters.pop(partition, []):
+            if not future.done():
+                future.set_exception(DurabilityError(partition, cause))

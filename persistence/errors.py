@@ -1,0 +1,73 @@
+"""The log's own failures. Each names what it is about: a directory, a file and byte, a
+partition."""
+
+from __future__ import annotations
+
+import os
+
+
+class LogError(Exception):
+    """Base class of every error raised by persistence/."""
+
+
+class LogCorruptionError(LogError):
+    """A frame that recovery may not truncate away is damaged: in a sealed segment, or in
+    the middle of the newest one (valid frames follow it)."""
+
+    def __init__(self, path: str | os.PathLike[str], position: int, reason: str) -> None:
+        self.path = os.fspath(path)
+        self.position = position
+        self.reason = reason
+        data_dir = _data_dir_of(self.path)
+        super().__init__(
+            f"{self.path}: damaged log at byte {position}: {reason}. The state partition "
+            f"refuses to load; run `sharecoord log verify --data-dir {data_dir}` "
+            "for a full report"
+        )
+
+
+def _data_dir_of(segment_path: str) -> str:
+    """DATA for DATA/partitions/<p>/<file>, else the file's directory."""
+    partition_dir = os.path.dirname(segment_path)
+    partitions_dir = os.path.dirname(partition_dir)
+    if os.path.basename(partitions_dir) == "partitions":
+        return os.path.dirname(partitions_dir) or "."
+    return partition_dir or "."
+
+
+class LogLockedError(LogError):
+    """Another process (or another StateLog in this one) holds DATA/LOCK."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.data_dir = data_dir
+        super().__init__(
+            f"{data_dir} is in use: another process holds {os.path.join(data_dir, 'LOCK')} "
+            "(only one process may write a data directory; stop it first, or use a "
+            "read-only tool)"
+        )
+
+
+class MetaMismatchError(LogError, ValueError):
+    """DATA/meta disagrees with how the directory is being opened."""
+
+
+class PartitionFailedError(LogError):
+    """The partition stopped after a failed write or fsync; reset_to_durable() restarts it."""
+
+    def __init__(self, partition: int, cause: BaseException | None) -> None:
+        self.partition = partition
+        self.cause = cause
+        super().__init__(
+            f"state partition {partition} has failed ({cause!r}); "
+            "it takes no appends until reset_to_durable() succeeds"
+        )
+
+
+class DurabilityError(LogError):
+    """An append was not made durable: its partition's write or fsync failed."""
+
+    def __init__(self, partition: int, cause: BaseException) -> None:
+        self.partition = partition
+        self.cause = cause
+        super().__init__(f"state partition {partition}: write or fsync failed: {cause!r}")
+        self.__cause__ = cause  # tracebacks show the OSError

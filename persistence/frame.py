@@ -1,0 +1,203 @@
+"""The record frame: the unit written to, and verified in, every segment file.
+
+A segment file is a plain concatenation of frames, nothing before, between or after
+them. All integers are big-endian.
+
+    offset  size  field
+    0       4     length        u32: number of bytes after this field (= 30 + k + v)
+    4       4     crc           u32: zlib.crc32 of bytes [8, 4 + length)
+    8       1     magic         u8 = 1, the frame format version; anything else is damage
+    9       1     record_type   u8: 0 = ShareSnapshot key (snapshot value, or tombstone),
+                                1 = ShareUpdate; opaque to this layer
+    10      8     offset        i64, >= 0: the record's offset in its state partition
+    18      8     timestamp     i64, ms since the epoch
+    26      4     key_length    u32 = k
+    30      k     key           opaque bytes (msgpack, written by protocol/)
+    30+k    4     value_length  i32 = v, or -1 for a null value (a tombstone)
+    34+k    v     value         opaque bytes; absent when value_length is -1
+
+The checksum does not cover the length field: a damaged length makes the checksum run
+over the wrong bytes, so it is caught all the same. A length above MAX_FRAME_LENGTH is
+damage, never a reason to read 4 GiB.
+
+Decoding tells three outcomes apart: a frame, a clean end (the buffer ends exactly on a
+frame boundary), and a FrameError at a byte position, which is either IncompleteFrame
+(the buffer ends inside the frame: a torn write, or a write still in progress) or
+CorruptFrame (the bytes are there but are not a frame).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+MAGIC = 1
+
+RECORD_TYPE_SHARE_SNAPSHOT = 0
+RECORD_TYPE_SHARE_UPDATE = 1
+
+# Named positions of the fields inside a frame (see the table above).
+LENGTH_AT = 0
+CRC_AT = 4
+CRC_START = 8  # the checksum covers [CRC_START, 4 + length)
+MAGIC_AT = 8
+RECORD_TYPE_AT = 9
+OFFSET_AT = 10
+TIMESTAMP_AT = 18
+KEY_LENGTH_AT = 26
+KEY_AT = 30
+
+LENGTH = struct.Struct(">I")
+PREFIX = struct.Struct(">II")  # length, crc
+HEADER = struct.Struct(">IIBBqqI")  # length .. key_length: everything before the key
+BODY_HEAD = struct.Struct(">BBqqI")  # magic .. key_length: the checksummed part of HEADER
+VALUE_LENGTH = struct.Struct(">i")
+
+HEADER_SIZE = HEADER.size  # 30
+assert HEADER_SIZE == KEY_AT
+LENGTH_FIELD_SIZE = LENGTH.size
+# The length of a frame with an empty key and a null value: the smallest a frame can be.
+MIN_LENGTH = HEADER_SIZE - LENGTH_FIELD_SIZE + VALUE_LENGTH.size  # 30
+MAX_FRAME_LENGTH = 64 * 1024 * 1024
+NULL_VALUE_LENGTH = -1
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One record of a state partition's log, as appended and as read back."""
+
+    offset: int
+    timestamp: int
+    record_type: int
+    key: bytes
+    value: bytes | None  # None is a tombstone
+
+
+class FrameError(Exception):
+    """The bytes at `position` are not a whole, valid frame."""
+
+    def __init__(self, position: int, reason: str) -> None:
+        super().__init__(position, reason)
+        self.position = position
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"byte {self.position}: {self.reason}"
+
+
+class IncompleteFrame(FrameError):
+    """The buffer ends inside the frame starting at `position`.
+
+    `needed` is how many bytes from `position` the frame needs, when its length field
+    could be read (0 when even the length field is cut)."""
+
+    def __init__(self, position: int, reason: str, needed: int) -> None:
+        super().__init__(position, reason)
+        self.needed = needed
+
+
+class CorruptFrame(FrameError):
+    """The bytes at `position` are present but do not form a valid frame."""
+
+
+def encode_frame(
+    offset: int, timestamp: int, record_type: int, key: bytes, value: bytes | None
+) -> bytes:
+    """Return the frame for one record. Raises ValueError for a record no frame can hold."""
+    if offset < 0:
+        raise ValueError(f"offset must be >= 0, got {offset}")
+    value_length = NULL_VALUE_LENGTH if value is None else len(value)
+    length = MIN_LENGTH + len(key) + max(value_length, 0)
+    if length > MAX_FRAME_LENGTH:
+        raise ValueError(f"record of {length} bytes exceeds the frame limit {MAX_FRAME_LENGTH}")
+    try:
+        body = b"".join(
+            (
+                BODY_HEAD.pack(MAGIC, record_type, offset, timestamp, len(key)),
+                key,
+                VALUE_LENGTH.pack(value_length),
+                value or b"",
+            )
+        )
+    except struct.error as exc:
+        raise ValueError(f"record field out of range: {exc}") from None
+    return PREFIX.pack(length, zlib.crc32(body)) + body
+
+
+def frame_crc(frame: bytes | memoryview) -> int:
+    """The checksum stored in an encoded frame."""
+    crc: int = PREFIX.unpack_from(frame, 0)[1]
+    return crc
+
+
+def decode_frame(buf: bytes | memoryview, pos: int = 0) -> tuple[LogRecord, int]:
+    """Decode the frame that starts at buf[pos]; return it and the position after it.
+
+    Raises IncompleteFrame if buf ends before the frame does (pos == len(buf) included:
+    check for a clean end first), CorruptFrame if the bytes are not a valid frame."""
+    available = len(buf) - pos
+    if available < LENGTH_FIELD_SIZE:
+        raise IncompleteFrame(pos, f"{available} bytes left, the length field needs 4", 0)
+    (length,) = LENGTH.unpack_from(buf, pos)
+    if length < MIN_LENGTH or length > MAX_FRAME_LENGTH:
+        raise CorruptFrame(pos, f"length field {length} outside [{MIN_LENGTH}, {MAX_FRAME_LENGTH}]")
+    end = pos + LENGTH_FIELD_SIZE + length
+    if end > len(buf):
+        raise IncompleteFrame(
+            pos,
+            f"frame of {LENGTH_FIELD_SIZE + length} bytes cut after {available}",
+            LENGTH_FIELD_SIZE + length,
+        )
+    _, crc, magic, record_type, offset, timestamp, key_length = HEADER.unpack_from(buf, pos)
+    actual_crc = zlib.crc32(memoryview(buf)[pos + CRC_START : end])
+    if actual_crc != crc:
+        raise CorruptFrame(
+            pos, f"checksum mismatch: stored {crc:#010x}, computed {actual_crc:#010x}"
+        )
+    if magic != MAGIC:
+        raise CorruptFrame(pos, f"magic byte {magic}, expected {MAGIC}")
+    if offset < 0:
+        raise CorruptFrame(pos, f"negative record offset {offset}")
+    key_end = pos + KEY_AT + key_length
+    if key_end + VALUE_LENGTH.size > end:
+        raise CorruptFrame(pos, f"key length {key_length} overruns the frame")
+    (value_length,) = VALUE_LENGTH.unpack_from(buf, key_end)
+    value_start = key_end + VALUE_LENGTH.size
+    if value_length < NULL_VALUE_LENGTH or value_start + max(value_length, 0) != end:
+        raise CorruptFrame(pos, f"value length {value_length} disagrees with the frame length")
+    value = None if value_length == NULL_VALUE_LENGTH else bytes(buf[value_start:end])
+    record = LogRecord(offset, timestamp, record_type, bytes(buf[pos + KEY_AT : key_end]), value)
+    return record, end
+
+
+def iter_frames(buf: bytes | memoryview, pos: int = 0) -> Iterator[tuple[int, LogRecord]]:
+    """Yield (position, record) for each frame from buf[pos] up to a clean end.
+
+    Raises FrameError at the first position that does not hold a whole valid frame."""
+    while pos < len(buf):
+        record, end = decode_frame(buf, pos)
+        yield pos, record
+        pos = end
+
+
+def find_next_frame(buf: bytes | memoryview, after: int, min_offset: int) -> int | None:
+    """The position of the first valid frame starting after `after` whose offset is at
+    least `min_offset`, or None. Used to tell a torn tail (nothing valid follows the
+    damage) from damage in the middle (valid frames follow it)."""
+    magic = bytes((MAGIC,))
+    view = bytes(buf) if isinstance(buf, memoryview) else buf
+    search_from = after + 1 + MAGIC_AT
+    while True:
+        found = view.find(magic, search_from)
+        if found < 0:
+            return None
+        candidate = found - MAGIC_AT
+        search_from = found + 1
+        try:
+            record, _ = decode_frame(view, candidate)
+        except FrameError:
+            continue
+        if record.offset >= min_offset:
+            return candidate

@@ -1,0 +1,502 @@
+"""One state partition's log: DATA/partitions/<p>/, its segments, appends, recovery.
+
+Threads: append() and take_pending() belong to the event loop's thread (they only touch
+memory). write_batch(), prune(), commit_staged(), reset_to_durable() and open() may run
+in other threads; they take the partition's lock, which guards the segment list and
+every file operation. The lock is held across a batch's write and fdatasync, so a reader
+that snapshots the segments under it sees exactly the durable bytes.
+
+Durability: `durable_end_offset` only moves after an fdatasync returned, and a roll
+fsyncs the full segment before creating the next one, so only the newest segment can
+ever end in a torn write. Recovery relies on that: damage in an older segment, or
+valid frames after damage, is never a torn tail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from persistence.errors import LogCorruptionError, LogError, PartitionFailedError
+from persistence.fileops import FileOps, unlink_if_exists
+from persistence.frame import LogRecord, encode_frame, frame_crc
+from persistence.segments import (
+    FrameStream,
+    SegmentInfo,
+    SegmentScan,
+    SegmentState,
+    iter_stream,
+    list_log_files,
+    list_segments,
+    read_partition,
+    scan_partition,
+    segment_path,
+)
+from persistence.swap import (
+    CommitOutcome,
+    SwapIncompleteError,
+    load_staged,
+    recover_staging,
+    swap_in,
+)
+
+_log = logging.getLogger("sharecoord.log")
+
+DEFAULT_SEGMENT_BYTES = 100 * 1024 * 1024  # share.coordinator.state.topic.segment.bytes
+
+
+@dataclass(frozen=True)
+class TornTail:
+    """The end of the newest segment that recovery cut (or, read-only, would cut)."""
+
+    path: str
+    position: int  # the segment now ends here
+    removed_bytes: int
+    reason: str
+    broken_path: str | None  # where the cut bytes were kept; None when nothing was cut
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    partition: int
+    segment_count: int
+    record_count: int
+    log_start_offset: int
+    log_end_offset: int
+    torn_tail: TornTail | None
+    staging_actions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PendingBatch:
+    """Appends taken for one commit: frames of offsets [first_offset, end_offset)."""
+
+    generation: int
+    frames: list[bytes]
+    first_offset: int
+
+    @property
+    def end_offset(self) -> int:
+        return self.first_offset + len(self.frames)
+
+
+class PartitionLog:
+    def __init__(
+        self,
+        partition: int,
+        partition_dir: str,
+        *,
+        fs: FileOps,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        writable: bool = True,
+    ) -> None:
+        if segment_bytes < 1:
+            raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
+        self.partition = partition
+        self.partition_dir = partition_dir
+        self.segment_bytes = segment_bytes
+        self.writable = writable
+        self._fs = fs
+        self._lock = threading.Lock()
+        self._segments: list[SegmentState] = []
+        self._segments_view: tuple[SegmentInfo, ...] = ()
+        self._active_fd: int | None = None
+        self._opened = False
+        self._failure: BaseException | None = None
+        self._generation = 0
+        # Loop-thread state: appends not yet taken by a commit, offsets
+        # [log_end_offset - len(_pending), log_end_offset).
+        self._pending: list[bytes] = []
+        self._log_end_offset = 0
+        # Written by the committing thread once an fdatasync returned.
+        self._durable_end_offset = 0
+        self._durable_base = 0  # the segment the last successful fdatasync covered ...
+        self._durable_size = 0  # ... and its size then
+        self._durable_known = False  # set by the first successful writable open
+
+    def __repr__(self) -> str:
+        return f"PartitionLog({self.partition}, {self.partition_dir!r})"
+
+    # -- state ---------------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        """The base offset of the oldest segment: no record of the log lies below it."""
+        view = self._segments_view
+        return view[0].base_offset if view else 0
+
+    @property
+    def log_end_offset(self) -> int:
+        """The next offset append() assigns."""
+        return self._log_end_offset
+
+    @property
+    def durable_end_offset(self) -> int:
+        """Every record below this offset is written and fsynced."""
+        return self._durable_end_offset
+
+    @property
+    def segments(self) -> list[SegmentInfo]:
+        return list(self._segments_view)
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(s.size_bytes for s in self._segments_view)
+
+    @property
+    def has_pending(self) -> bool:
+        """Whether appends wait for a commit."""
+        return bool(self._pending)
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened
+
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the partition stopped taking appends, or None."""
+        return self._failure
+
+    def _publish(self) -> None:
+        self._segments_view = tuple(s.info() for s in self._segments)
+
+    # -- recovery ------------------------------------------------------------------------
+
+    def open(self, on_record: Callable[[LogRecord], None] | None = None) -> RecoveryReport:
+        """Recover and verify the partition; see _recover. `on_record` sees every record
+        kept, in order, so a loader need not read the log a second time."""
+        with self._lock:
+            if self._opened:
+                raise LogError(f"{self!r} is already open")
+            return self._recover(on_record)
+
+    def _recover(self, on_record: Callable[[LogRecord], None] | None) -> RecoveryReport:
+        """Finish half-done swaps, verify every frame of every segment, cut a torn tail of
+        the newest segment (keeping the cut bytes in a .broken file), and raise
+        LogCorruptionError for any other damage. Read-only: change nothing."""
+        fs = self._fs
+        if not fs.exists(self.partition_dir):
+            raise LogCorruptionError(self.partition_dir, 0, "the partition directory is missing")
+        if self.writable:
+            actions = recover_staging(fs, self.partition_dir)
+            files = list_log_files(fs, self.partition_dir)
+        else:
+            actions = []
+            files = [(s.base_offset, s.path) for s in list_segments(self.partition_dir, fs)]
+        segments: list[SegmentState] = []
+        torn: TornTail | None = None
+        record_count = 0
+        last_offset = -1
+        for scan in scan_partition(fs, files, on_record=on_record):
+            if scan.damage is not None:
+                if not scan.tail_is_torn:
+                    raise LogCorruptionError(scan.path, scan.damage.position, scan.damage.reason)
+                torn = self._cut_torn_tail(scan)
+            segments.append(scan.state())
+            record_count += scan.record_count
+            if scan.last_offset is not None:
+                last_offset = scan.last_offset
+        next_offset = max(last_offset + 1, segments[-1].base_offset if segments else 0)
+        if self.writable:
+            self._open_active(segments, next_offset)
+        self._segments = segments
+        self._publish()
+        self._pending = []
+        self._log_end_offset = self._durable_end_offset = next_offset
+        if segments:  # read-only: what may be read (a torn tail is left out)
+            self._durable_base, self._durable_size = segments[-1].base_offset, segments[-1].size
+            self._durable_known = self.writable
+        self._failure = None
+        self._opened = True
+        return RecoveryReport(
+            self.partition,
+            len(segments),
+            record_count,
+            self.log_start_offset,
+            next_offset,
+            torn,
+            tuple(actions),
+        )
+
+    def _cut_torn_tail(self, scan: SegmentScan) -> TornTail:
+        assert scan.damage is not None
+        position, removed = scan.valid_size, scan.size - scan.valid_size
+        if not self.writable:
+            return TornTail(scan.path, position, removed, scan.damage.reason, None)
+        fs = self._fs
+        broken = _free_name(fs, f"{scan.path}.{position}", ".broken")
+        fd = fs.open(scan.path, os.O_RDWR)
+        try:
+            torn_bytes = fs.pread(fd, removed, position)
+            out = fs.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            try:
+                fs.write_all(out, torn_bytes)
+                fs.fsync(out)
+            finally:
+                fs.close(out)
+            fs.fsync_dir(self.partition_dir)
+            fs.truncate(fd, position)
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+        _log.warning(
+            "%s: torn tail cut at byte %d (%d bytes: %s); the cut bytes are kept in %s",
+            scan.path,
+            position,
+            removed,
+            scan.damage.reason,
+            broken,
+        )
+        return TornTail(scan.path, position, removed, scan.damage.reason, broken)
+
+    def _open_active(self, segments: list[SegmentState], next_offset: int) -> None:
+        """Open the newest segment for appending (creating the first one), and make what
+        a previous process wrote there durable before anyone is told it is."""
+        fs = self._fs
+        if not segments:
+            segments.append(
+                SegmentState(next_offset, segment_path(self.partition_dir, next_offset), 0)
+            )
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL
+        else:
+            flags = os.O_WRONLY | os.O_APPEND
+        fd = fs.open(segments[-1].path, flags)
+        try:
+            fs.fsync(fd)
+            fs.fsync_dir(self.partition_dir)
+        except BaseException:
+            fs.close(fd)
+            raise
+        self._active_fd = fd
+
+    # -- appending -----------------------------------------------------------------------
+
+    def append(self, record_type: int, key: bytes, value: bytes | None, timestamp: int) -> int:
+        """Buffer one record and return its offset. No I/O: a commit writes it."""
+        if self._failure is not None:
+            raise PartitionFailedError(self.partition, self._failure)
+        if not self._opened or not self.writable:
+            raise LogError(f"{self!r} is not open for appends")
+        offset = self._log_end_offset
+        self._pending.append(encode_frame(offset, timestamp, record_type, key, value))
+        self._log_end_offset = offset + 1
+        return offset
+
+    def take_pending(self) -> PendingBatch | None:
+        """Hand the buffered appends to a commit (event loop thread)."""
+        if self._failure is not None:
+            raise PartitionFailedError(self.partition, self._failure)
+        if not self._pending:
+            return None
+        frames, self._pending = self._pending, []
+        return PendingBatch(self._generation, frames, self._log_end_offset - len(frames))
+
+    def write_batch(self, batch: PendingBatch) -> None:
+        """Write a batch, rolling segments at segment_bytes, and fdatasync it (any
+        thread). On failure the partition stops: appends raise until reset_to_durable."""
+        with self._lock:
+            if batch.generation != self._generation:
+                raise LogError(f"{self!r}: batch taken before a reset; its appends are gone")
+            if self._failure is not None:
+                raise PartitionFailedError(self.partition, self._failure)
+            try:
+                self._write_frames(batch)
+            except BaseException as exc:
+                self._failure = exc
+                raise
+            finally:
+                self._publish()
+
+    def commit(self) -> int:
+        """Write and fsync everything appended so far, in this thread; returns
+        durable_end_offset. For tools and tests that run no GroupCommitter."""
+        batch = self.take_pending()
+        if batch is not None:
+            self.write_batch(batch)
+        return self._durable_end_offset
+
+    def _write_frames(self, batch: PendingBatch) -> None:
+        group: list[bytes] = []
+        group_bytes = 0
+        for index, frame in enumerate(batch.frames):
+            filled = self._segments[-1].size + group_bytes
+            if filled > 0 and filled + len(frame) > self.segment_bytes:
+                if group:
+                    self._flush(group, batch.first_offset + index - 1)
+                    group, group_bytes = [], 0
+                self._roll(batch.first_offset + index)
+            group.append(frame)
+            group_bytes += len(frame)
+        if group:
+            self._flush(group, batch.end_offset - 1)
+
+    def _flush(self, frames: list[bytes], last_offset: int) -> None:
+        assert self._active_fd is not None
+        active = self._segments[-1]
+        data = b"".join(frames)
+        self._fs.write_all(self._active_fd, data)
+        active.size += len(data)
+        active.last_offset = last_offset
+        active.last_frame_crc = frame_crc(frames[-1])
+        self._fs.fdatasync(self._active_fd)
+        self._durable_base, self._durable_size = active.base_offset, active.size
+        self._durable_end_offset = last_offset + 1
+
+    def _roll(self, base_offset: int) -> None:
+        """Start a new segment. The full one was fdatasynced by the flush before."""
+        fs = self._fs
+        path = segment_path(self.partition_dir, base_offset)
+        fd = fs.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+        old_fd, self._active_fd = self._active_fd, fd
+        self._segments.append(SegmentState(base_offset, path, 0))
+        if old_fd is not None:
+            fs.close(old_fd)
+        fs.fsync_dir(self.partition_dir)
+
+    # -- the fsync-failure path ----------------------------------------------------------
+
+    def reset_to_durable(self) -> RecoveryReport:
+        """After a failed write or fsync: drop buffered appends, cut the log back to the
+        last byte a successful fsync covered (deleting any segment created after it),
+        and reopen it (a full recovery). Safe to call again if it fails part way."""
+        with self._lock:
+            if not self.writable:
+                raise LogError(f"{self!r} is read-only")
+            fs = self._fs
+            self._generation += 1
+            self._pending = []
+            self._opened = False
+            cause = self._failure
+            if self._failure is None:
+                self._failure = LogError("reset in progress")
+            if self._active_fd is not None:
+                fd, self._active_fd = self._active_fd, None
+                with contextlib.suppress(OSError):  # the fd is released whatever close says
+                    fs.close(fd)
+            if self._durable_known:
+                self._cut_back_to_durable()
+            report = self._recover(None)
+            _log.warning(
+                "%s: reset to the durable end, offset %d, after %r",
+                self.partition_dir,
+                report.log_end_offset,
+                cause,
+            )
+            return report
+
+    def _cut_back_to_durable(self) -> None:
+        fs = self._fs
+        for segment in self._segments:
+            if segment.base_offset > self._durable_base:
+                unlink_if_exists(fs, segment.path)
+        fs.fsync_dir(self.partition_dir)
+        fd = fs.open(segment_path(self.partition_dir, self._durable_base), os.O_WRONLY)
+        try:
+            fs.truncate(fd, self._durable_size)
+            fs.fsync(fd)
+        finally:
+            fs.close(fd)
+
+    # -- reading -------------------------------------------------------------------------
+
+    def read(self, from_offset: int = 0) -> Iterator[LogRecord]:
+        """The records at or above `from_offset`, verified as read. Open: exactly the
+        durable records, from a snapshot of the segments taken now (later prunes and
+        swaps do not disturb it). Not open: what the directory holds."""
+        if not self._opened:
+            yield from read_partition(self.partition_dir, from_offset, self._fs)
+            return
+        fs = self._fs
+        opened: list[tuple[int, SegmentState, int, int | None]] = []
+        try:
+            with self._lock:
+                segments = self._segments
+                for index, segment in enumerate(segments):
+                    below = segments[index + 1].base_offset if index + 1 < len(segments) else None
+                    if below is not None and below <= from_offset:
+                        continue
+                    if segment.base_offset > self._durable_base:
+                        break
+                    limit = self._durable_size if index == len(segments) - 1 else segment.size
+                    fd = fs.open(segment.path, os.O_RDONLY)
+                    opened.append((fd, segment, limit, below))
+            for fd, segment, limit, below in opened:
+                stream = FrameStream(
+                    fs, fd, min_offset=segment.base_offset, below_offset=below, limit=limit
+                )
+                yield from iter_stream(stream, segment.path, from_offset, False)
+        finally:
+            for fd, *_ in opened:
+                fs.close(fd)
+
+    # -- pruning and compaction ----------------------------------------------------------
+
+    def prune(self, below_offset: int) -> list[str]:
+        """Delete the sealed segments whose every offset is below `below_offset` (the
+        next segment starts at or below it), oldest first, never the newest. Returns the
+        deleted paths."""
+        with self._lock:
+            self._check_mutable()
+            deleted = []
+            while len(self._segments) > 1 and self._segments[1].base_offset <= below_offset:
+                segment = self._segments[0]
+                self._fs.unlink(segment.path)
+                deleted.append(segment.path)
+                del self._segments[0]
+                self._publish()
+            if deleted:
+                self._fs.fsync_dir(self.partition_dir)
+                _log.info(
+                    "%s: pruned %d segments below offset %d; log start offset now %d",
+                    self.partition_dir,
+                    len(deleted),
+                    below_offset,
+                    self._segments[0].base_offset,
+                )
+            return deleted
+
+    def commit_staged(self, base: int) -> CommitOutcome:
+        """Swap the compaction output staged at `base` in (see swap.py). The cleaned file
+        is read and fsynced outside the lock; only the checks and renames hold it."""
+        with self._lock:
+            self._check_mutable()
+            snapshot = list(self._segments)
+        staged = load_staged(self._fs, self.partition_dir, base, snapshot)
+        if staged is None:
+            return "stale"
+        with self._lock:
+            self._check_mutable()
+            try:
+                return swap_in(self._fs, self.partition_dir, staged, self._segments)
+            except SwapIncompleteError as exc:
+                self._failure = exc  # memory no longer matches the disk: reopen to finish
+                raise
+            finally:
+                self._publish()
+
+    def _check_mutable(self) -> None:
+        if not self._opened or not self.writable:
+            raise LogError(f"{self!r} is not open for writing")
+        if self._failure is not None:
+            raise PartitionFailedError(self.partition, self._failure)
+
+    def close(self) -> None:
+        """Release the active segment. Buffered appends not committed are dropped."""
+        with self._lock:
+            self._opened = False
+            self._pending = []
+            if self._active_fd is not None:
+                fd, self._active_fd = self._active_fd, None
+                self._fs.close(fd)
+
+
+def _free_name(fs: FileOps, stem: str, suffix: str) -> str:
+    candidate, n = stem + suffix, 0
+    while fs.exists(candidate):
+        n += 1
+        candidate = f"{stem}.{n}{suffix}"
+    return candidate

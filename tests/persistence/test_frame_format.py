@@ -1,0 +1,187 @@
+"""The frame format (persistence/frame.py's docstring) and its decoder."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from persistence.frame import (
+    CRC_AT,
+    CRC_START,
+    KEY_AT,
+    KEY_LENGTH_AT,
+    MAGIC_AT,
+    MAX_FRAME_LENGTH,
+    OFFSET_AT,
+    RECORD_TYPE_AT,
+    TIMESTAMP_AT,
+    CorruptFrame,
+    FrameError,
+    IncompleteFrame,
+    LogRecord,
+    decode_frame,
+    encode_frame,
+    find_next_frame,
+    iter_frames,
+)
+
+records = st.builds(
+    LogRecord,
+    offset=st.integers(0, 2**63 - 1),
+    timestamp=st.integers(-(2**63), 2**63 - 1),
+    record_type=st.integers(0, 255),
+    key=st.binary(max_size=64),
+    value=st.none() | st.binary(max_size=256),
+)
+
+
+def encode(record: LogRecord) -> bytes:
+    return encode_frame(
+        record.offset, record.timestamp, record.record_type, record.key, record.value
+    )
+
+
+@given(records)
+def test_a_frame_decodes_to_the_record_it_encodes(record: LogRecord) -> None:
+    frame = encode(record)
+    assert decode_frame(frame) == (record, len(frame))
+
+
+@given(st.lists(records, max_size=8), st.binary(max_size=16))
+def test_frames_concatenate_and_decode_in_order_from_any_position(
+    batch: list[LogRecord], prefix: bytes
+) -> None:
+    data = prefix + b"".join(encode(r) for r in batch)
+    assert [r for _, r in iter_frames(data, len(prefix))] == batch
+
+
+def test_fields_sit_at_the_documented_positions() -> None:
+    frame = encode_frame(7, 1234, 1, b"kk", b"vvv")
+    length, crc = struct.unpack_from(">II", frame, 0)
+    assert length == len(frame) - 4 == 30 + 2 + 3
+    assert crc == zlib.crc32(frame[CRC_START:])
+    assert frame[CRC_AT : CRC_AT + 4] == struct.pack(">I", crc)
+    assert frame[MAGIC_AT] == 1
+    assert frame[RECORD_TYPE_AT] == 1
+    assert struct.unpack_from(">q", frame, OFFSET_AT) == (7,)
+    assert struct.unpack_from(">q", frame, TIMESTAMP_AT) == (1234,)
+    assert struct.unpack_from(">I", frame, KEY_LENGTH_AT) == (2,)
+    assert frame[KEY_AT : KEY_AT + 2] == b"kk"
+    assert struct.unpack_from(">i", frame, KEY_AT + 2) == (3,)
+    assert frame[KEY_AT + 6 :] == b"vvv"
+
+
+def test_a_tombstone_is_value_length_minus_one_and_no_value_bytes() -> None:
+    frame = encode_frame(0, 0, 0, b"k", None)
+    assert struct.unpack_from(">i", frame, KEY_AT + 1) == (-1,)
+    assert len(frame) == KEY_AT + 1 + 4
+    assert decode_frame(frame)[0].value is None
+
+
+def test_an_empty_value_is_not_a_tombstone() -> None:
+    assert decode_frame(encode_frame(0, 0, 0, b"k", b""))[0].value == b""
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ((-1, 0, 0, b"k", b"v"), "offset must be >= 0"),
+        ((0, 0, 256, b"k", b"v"), "out of range"),
+        ((0, 2**63, 0, b"k", b"v"), "out of range"),
+        ((0, 0, 0, b"k", b"v" * MAX_FRAME_LENGTH), "exceeds the frame limit"),
+    ],
+)
+def test_encoding_refuses_a_record_no_frame_can_hold(
+    fields: tuple[int, int, int, bytes, bytes], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        encode_frame(*fields)
+
+
+def test_a_clean_end_yields_nothing_more() -> None:
+    frame = encode_frame(3, 0, 0, b"k", b"v")
+    assert list(iter_frames(frame + frame, len(frame) * 2)) == []
+    assert list(iter_frames(b"")) == []
+
+
+@pytest.mark.parametrize("cut", range(1, 40))
+def test_a_frame_cut_short_at_any_byte_is_incomplete_at_its_start(cut: int) -> None:
+    first = encode_frame(0, 0, 0, b"k", b"value")
+    second = encode_frame(1, 0, 0, b"key", b"some value")
+    data = (first + second)[: len(first) + min(cut, len(second) - 1)]
+    with pytest.raises(IncompleteFrame) as raised:
+        list(iter_frames(data))
+    assert raised.value.position == len(first)
+
+
+def test_a_flipped_bit_anywhere_after_the_length_is_corrupt() -> None:
+    frame = encode_frame(5, 99, 1, b"key", b"value")
+    for byte in range(4, len(frame)):
+        for bit in range(8):
+            damaged = bytearray(frame)
+            damaged[byte] ^= 1 << bit
+            with pytest.raises(CorruptFrame) as raised:
+                decode_frame(bytes(damaged))
+            assert raised.value.position == 0
+
+
+def test_a_length_above_the_limit_is_corrupt_not_a_reason_to_wait_for_more() -> None:
+    data = struct.pack(">I", MAX_FRAME_LENGTH + 1) + b"\0" * 100
+    with pytest.raises(CorruptFrame, match="length field"):
+        decode_frame(data)
+
+
+def test_zeroed_bytes_are_corrupt() -> None:
+    with pytest.raises(CorruptFrame):
+        decode_frame(b"\0" * 512)
+
+
+def test_a_wrong_magic_byte_with_a_matching_checksum_is_corrupt() -> None:
+    frame = bytearray(encode_frame(0, 0, 0, b"k", b"v"))
+    frame[MAGIC_AT] = 2
+    frame[CRC_AT : CRC_AT + 4] = struct.pack(">I", zlib.crc32(frame[CRC_START:]))
+    with pytest.raises(CorruptFrame, match="magic"):
+        decode_frame(bytes(frame))
+
+
+def test_inconsistent_inner_lengths_with_a_matching_checksum_are_corrupt() -> None:
+    frame = bytearray(encode_frame(0, 0, 0, b"kk", b"vv"))
+    frame[KEY_LENGTH_AT : KEY_LENGTH_AT + 4] = struct.pack(">I", 3)
+    frame[CRC_AT : CRC_AT + 4] = struct.pack(">I", zlib.crc32(frame[CRC_START:]))
+    with pytest.raises(CorruptFrame, match="length"):
+        decode_frame(bytes(frame))
+
+
+@given(st.binary(max_size=300))
+def test_garbage_never_decodes_silently_wrong(garbage: bytes) -> None:
+    """Random bytes decode to frames only if they hold frames: the decoder either stops
+    with a FrameError or returns frames that re-encode to exactly the bytes read."""
+    pos = 0
+    stopped: FrameError | None = None
+    try:
+        for start, record in iter_frames(garbage):
+            frame = encode(record)
+            assert garbage[start : start + len(frame)] == frame
+            pos = start + len(frame)
+    except FrameError as error:
+        stopped = error
+    if stopped is None:
+        assert pos == len(garbage)
+    else:
+        assert stopped.position == pos
+        assert str(stopped).startswith(f"byte {pos}: ")
+
+
+def test_the_next_valid_frame_is_found_past_damage() -> None:
+    frames = [encode_frame(i, 0, 0, b"k", b"v" * i) for i in range(4)]
+    data = bytearray(b"".join(frames))
+    data[len(frames[0]) + 10] ^= 0xFF  # damage the second frame
+    third = len(frames[0]) + len(frames[1])
+    assert find_next_frame(bytes(data), len(frames[0]), 0) == third
+    assert find_next_frame(bytes(data), len(frames[0]), 3) == third + len(frames[2])
+    assert find_next_frame(bytes(data), len(frames[0]), 4) is None
+    assert find_next_frame(b"\0" * 4096, 0, 0) is None
