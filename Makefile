@@ -36,7 +36,7 @@ bench: venv
 	$(BIN)/python -m bench
 
 reliability: venv
-	$(BIN)/python -m pytest -m slow tests/reliability $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

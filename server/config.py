@@ -359,7 +359,6 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         one_of(*LOG_FORMATS),
         metavar="FORMAT",
     ),
-
 )
 
 
@@ -417,9 +416,7 @@ AUDIT_SETTINGS: tuple[Setting, ...] = (
 
 LOG_DUMP_SETTINGS: tuple[Setting, ...] = (
     _DATA_DIR,
-    Setting(
-        "partition", None, "Only this state partition.", parse_int, at_least(0), metavar="P"
-    ),
+    Setting("partition", None, "Only this state partition.", parse_int, at_least(0), metavar="P"),
     Setting("json", False, "One JSON object per record.", parse_bool, _anything),
 )
 
@@ -437,11 +434,7 @@ STATE_GET_SETTINGS: tuple[Setting, ...] = (
 )
 
 _ALL_SETTINGS: tuple[Setting, ...] = (
-    SERVE_SETTINGS
-    + COMPACT_SETTINGS
-    + AUDIT_SETTINGS
-    + LOG_DUMP_SETTINGS
-    + STATE_GET_SETTINGS
+    SERVE_SETTINGS + COMPACT_SETTINGS + AUDIT_SETTINGS + LOG_DUMP_SETTINGS + STATE_GET_SETTINGS
 )
 
 

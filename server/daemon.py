@@ -53,7 +53,9 @@ def run_server(config: ServeConfig) -> int:
         return EXIT_FAILURE
 
 
-async def _serve(app: web.Application, config: ServeConfig, ssl_context: ssl.SSLContext | None) -> int:
+async def _serve(
+    app: web.Application, config: ServeConfig, ssl_context: ssl.SSLContext | None
+) -> int:
     runner = web.AppRunner(
         app,
         handle_signals=False,

@@ -24,7 +24,7 @@ from protocol.messages import Rpc
 from protocol.records import ShareKey
 from protocol.topic_id import canonical_topic_id
 from server.catalog import TopicCatalog
-from server.cluster import ClusterMap
+from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
 from server.metrics import ShareCoordinatorMetrics
 from server.runtime import PartitionRuntime, Status
@@ -140,14 +140,17 @@ async def auth_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     token = request.app[COORDINATOR].token
-    if token is not None and request.path.startswith("/v1/"):
-        if not check_bearer(request.headers.get("Authorization"), token):
-            return error_response(
-                401,
-                errors.CLUSTER_AUTHORIZATION_FAILED,
-                errors.ClusterAuthorizationFailed.default_message or "",
-                _format_or_json(request),
-            )
+    if (
+        token is not None
+        and request.path.startswith("/v1/")
+        and not check_bearer(request.headers.get("Authorization"), token)
+    ):
+        return error_response(
+            401,
+            errors.CLUSTER_AUTHORIZATION_FAILED,
+            errors.ClusterAuthorizationFailed.default_message or "",
+            _format_or_json(request),
+        )
     return await handler(request)
 
 
@@ -422,7 +425,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         service.start_jobs()
         _log.info(
             "serving state partitions %s of %d from %s",
-            _ranges(owned),
+            format_partitions(owned) or "none",
             config.partitions,
             config.data_dir,
         )
@@ -470,21 +473,6 @@ async def _load_all(runtimes: dict[int, PartitionRuntime]) -> None:
         time.perf_counter() - started,
         f"; failed: {failed} (they answer 15, the rest serve)" if failed else "",
     )
-
-
-def _ranges(partitions: list[int]) -> str:
-    if not partitions:
-        return "none"
-    spans: list[str] = []
-    start = prev = partitions[0]
-    for p in partitions[1:] + [None]:  # type: ignore[list-item]
-        if p is not None and p == prev + 1:
-            prev = p
-            continue
-        spans.append(str(start) if start == prev else f"{start}-{prev}")
-        if p is not None:
-            start = prev = p
-    return ",".join(spans)
 
 
 def create_app(

@@ -15,12 +15,14 @@ the last durable offset, and the partition reloads from disk, retrying with back
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import logging
 import time
 from collections.abc import Callable
 
 from persistence import LogRecord, PartitionLog
+from persistence.frame import HEADER_SIZE, VALUE_LENGTH
 from protocol.records import RecordDecodeError, RecordDecoder, encode_key, encode_value, record_type
 from server.metrics import ShareCoordinatorMetrics
 from server.shard import (
@@ -35,11 +37,12 @@ from server.shard import (
 
 _log = logging.getLogger("sharecoord.runtime")
 
-# Bytes a frame adds around its key and value (persistence/frame.py's header).
-FRAME_OVERHEAD = 34
+# Bytes a frame adds around its key and value.
+FRAME_OVERHEAD = HEADER_SIZE + VALUE_LENGTH.size
 
 RELOAD_BACKOFF_INITIAL_S = 0.05
 RELOAD_BACKOFF_MAX_S = 5.0
+SLOW_LOAD_S = 1.0
 
 
 class Status(enum.Enum):
@@ -107,7 +110,9 @@ class PartitionRuntime:
         self.load_seconds = time.perf_counter() - started
         self._metrics.load_duration.labels(self.partition).set(self.load_seconds)
         self._set_status(Status.ACTIVE)
-        _log.info(
+        # One line per partition only when loading it took a noticeable while.
+        _log.log(
+            logging.INFO if self.load_seconds >= SLOW_LOAD_S else logging.DEBUG,
             "state partition %d loaded: %d keys, offsets %d..%d, %.3fs",
             self.partition,
             len(self.shard),
@@ -206,10 +211,8 @@ class PartitionRuntime:
         task = self._recovery
         if task is not None:
             task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await task
-            except asyncio.CancelledError:
-                pass
 
 
 def _replayer(shard: ShareCoordinatorShard, partition: int) -> Callable[[LogRecord], None]:

@@ -169,7 +169,9 @@ class CoordinatorService:
             failed = await self._wait_durable(placed)
             for state_partition in failed:
                 for out, index in placed[state_partition]:
-                    out[index] = _unavailable(rpc, out[index].partition, errors.COORDINATOR_NOT_AVAILABLE)
+                    out[index] = _unavailable(
+                        rpc, out[index].partition, errors.COORDINATOR_NOT_AVAILABLE
+                    )
         if self._on_entry_result is not None:
             for topic_result in results:
                 for r in topic_result.partitions:
@@ -210,7 +212,9 @@ class CoordinatorService:
     # --- admin ------------------------------------------------------------------------
 
     def _runtime_for_key(self, key: ShareKey) -> PartitionRuntime:
-        state_partition = partition_for(key.group_id, key.topic_id, key.partition, self.num_partitions)
+        state_partition = partition_for(
+            key.group_id, key.topic_id, key.partition, self.num_partitions
+        )
         runtime = self.runtimes.get(state_partition)
         if runtime is None:
             owner = self.cluster.owner(state_partition)
@@ -278,7 +282,9 @@ class CoordinatorService:
                     outcome = await asyncio.to_thread(log.commit_staged, base)
                 except Exception:
                     _log.exception(
-                        "state partition %d: committing compaction at %d failed", state_partition, base
+                        "state partition %d: committing compaction at %d failed",
+                        state_partition,
+                        base,
                     )
                     continue
                 name = f"{state_partition}/{base}"
@@ -338,7 +344,9 @@ class CoordinatorService:
                 except asyncio.CancelledError:
                     raise
                 except Exception:
-                    _log.exception("periodic job %s failed; it runs again in %d ms", name, interval_ms)
+                    _log.exception(
+                        "periodic job %s failed; it runs again in %d ms", name, interval_ms
+                    )
 
         return asyncio.get_running_loop().create_task(loop(), name=name)
 

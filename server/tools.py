@@ -20,7 +20,6 @@ from datetime import datetime, timezone
 from typing import Any, TextIO
 
 from persistence import LogError, LogRecord, partition_dir, read_meta, read_partition, verify
-from protocol.batches import StateBatch
 from protocol.records import (
     Record,
     RecordDecodeError,
@@ -98,7 +97,7 @@ def _dump_line(partition: int, frame: LogRecord, decoder: RecordDecoder, as_json
     body.pop("key")
     batches = body.pop("state_batches")
     tail = " ".join(f"{k}={v}" for k, v in body.items())
-    return f"{head} {tail} batches=[{', '.join(batches)}]"
+    return f"{head} {tail} batches=[{', '.join(_batch_text(b) for b in batches)}]"
 
 
 def record_fields(record: Record) -> dict[str, Any]:
@@ -119,7 +118,7 @@ def record_fields(record: Record) -> dict[str, Any]:
             delivery_complete_count=record.delivery_complete_count,
             fence_leader_epoch=record.fence_leader_epoch,
             fence_state_epoch=record.fence_state_epoch,
-            state_batches=[_batch_text(b) for b in record.state_batches],
+            state_batches=[b._asdict() for b in record.state_batches],
         )
     elif type(record) is ShareUpdate:
         out.update(
@@ -127,14 +126,14 @@ def record_fields(record: Record) -> dict[str, Any]:
             leader_epoch=record.leader_epoch,
             start_offset=record.start_offset,
             delivery_complete_count=record.delivery_complete_count,
-            state_batches=[_batch_text(b) for b in record.state_batches],
+            state_batches=[b._asdict() for b in record.state_batches],
         )
     return out
 
 
-def _batch_text(batch: StateBatch) -> str:
-    state = _STATE_NAMES.get(batch.delivery_state, str(batch.delivery_state))
-    return f"{batch.first_offset}-{batch.last_offset} {state} c{batch.delivery_count}"
+def _batch_text(batch: dict[str, int]) -> str:
+    state = _STATE_NAMES.get(batch["delivery_state"], str(batch["delivery_state"]))
+    return f"{batch['first_offset']}-{batch['last_offset']} {state} c{batch['delivery_count']}"
 
 
 def _iso(ms: int) -> str:
@@ -185,9 +184,7 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
             )
         records += result.record_count
     verdict = "DAMAGED" if damaged else "ok"
-    out.write(
-        f"{verdict}: {len(report.partitions)} partitions, {records} records in {data_dir}\n"
-    )
+    out.write(f"{verdict}: {len(report.partitions)} partitions, {records} records in {data_dir}\n")
     if damaged:
         out.write(
             "The daemon serves every partition that loads and answers 15 for damaged ones; "

@@ -1,0 +1,27 @@
+"""Suite-wide fixtures and rules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from blockbuster import BlockBuster, blockbuster_ctx
+
+
+@pytest.fixture(autouse=True)
+def blockbuster() -> Iterator[BlockBuster]:
+    """Any blocking call made on a running event loop fails the test, as in aiohttp's own
+    suite: fsync, renames and file scans belong in threads."""
+    with blockbuster_ctx() as detector:
+        yield detector
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked slow (the long reliability runs) only run when asked for with -m, as
+    `make reliability` does; a plain `make test` keeps to the short slices."""
+    if config.option.markexpr:
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
