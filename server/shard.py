@@ -14,7 +14,7 @@ replays them and answers once the log says they are durable.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -173,8 +173,9 @@ class ShareCoordinatorShard:
     def __len__(self) -> int:
         return len(self._state)
 
-    def keys(self) -> Iterable[ShareKey]:
-        return self._state.keys.keys()
+    def __iter__(self) -> Iterator[ShareKey]:
+        """The keys that have state."""
+        return iter(self._state.keys)
 
     def key_state(self, key: ShareKey) -> KeyState | None:
         return self._state.keys.get(key)

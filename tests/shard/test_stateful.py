@@ -271,7 +271,7 @@ class ShardMachine(RuleBasedStateMachine):
     @invariant()
     def shard_state_equals_model(self):
         shard = self.h.shard
-        assert sorted(shard.keys()) == sorted(self.model)
+        assert sorted(shard) == sorted(self.model)
         for key, m in self.model.items():
             assert shard.admin_state(key) == m.admin(key)
             assert shard.key_state(key).update_count == m.counter
@@ -280,8 +280,8 @@ class ShardMachine(RuleBasedStateMachine):
     def load_path_equals_live_path(self):
         live = self.h.shard
         loaded = self.h.reloaded()
-        assert sorted(loaded.keys()) == sorted(live.keys())
-        for key in live.keys():  # noqa: SIM118 - the shard exposes keys(), not iteration
+        assert sorted(loaded) == sorted(live)
+        for key in live:
             assert loaded.admin_state(key) == live.admin_state(key)
             assert loaded.key_state(key).update_count == live.key_state(key).update_count
             assert loaded.key_state(key).snapshot_offset == live.key_state(key).snapshot_offset
