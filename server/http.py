@@ -177,10 +177,19 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
     limit = request.app[COORDINATOR].config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out)
+    timeout = request.app[COORDINATOR].config.request_timeout_s
     try:
-        body = await request.read()
+        body = await asyncio.wait_for(request.read(), timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
+    except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
+        # A client that trickles its body holds a connection; cut it off.
+        raise _HTTPError(
+            408,
+            errors.INVALID_REQUEST,
+            f"the request body did not arrive within {timeout:g}s (--request-timeout-s)",
+            out,
+        ) from None
     return body, fmt, out
 
 
@@ -389,7 +398,9 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
             if runtime is not None:
                 runtime.on_durability_failure(cause)
 
-        committer = GroupCommitter(log, on_partition_failure=partition_failed)
+        committer = GroupCommitter(
+            log, on_partition_failure=partition_failed, linger_ms=config.append_linger_ms
+        )
         for partition in owned:
             runtimes[partition] = PartitionRuntime(
                 partition,
