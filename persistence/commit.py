@@ -177,15 +177,26 @@ class GroupCommitter:
     async def _write(
         self, batches: list[tuple[PartitionLog, PendingBatch]]
     ) -> list[BaseException | None]:
+        """Write and fsync the batches in up to `commit_threads` lanes, one thread each.
+
+        One executor job per lane, not per partition: handing a job to a thread and its
+        result back costs the event loop more than the job's own Python work, and a
+        cycle may touch dozens of partitions.
+        """
         loop = asyncio.get_running_loop()
-        results = await asyncio.gather(
+        lanes = min(self._commit_threads, len(batches))
+        order = [list(range(lane, len(batches), lanes)) for lane in range(lanes)]
+        lane_results = await asyncio.gather(
             *(
-                loop.run_in_executor(self._executor, log.write_batch, batch)
-                for log, batch in batches
-            ),
-            return_exceptions=True,
+                loop.run_in_executor(self._executor, _write_lane, [batches[i] for i in lane])
+                for lane in order
+            )
         )
-        return [r if isinstance(r, BaseException) else None for r in results]
+        errors: list[BaseException | None] = [None] * len(batches)
+        for lane, results in zip(order, lane_results, strict=True):
+            for index, error in zip(lane, results, strict=True):
+                errors[index] = error
+        return errors
 
     def _release(self, partition: int) -> None:
         """Resolve the waiters of `partition` that are now durable."""
@@ -213,3 +224,16 @@ class GroupCommitter:
         for _, _, future in self._waiters.pop(partition, []):
             if not future.done():
                 future.set_exception(DurabilityError(partition, cause))
+
+
+def _write_lane(batches: list[tuple[PartitionLog, PendingBatch]]) -> list[BaseException | None]:
+    """In a commit thread: write + fsync each batch in turn; a failure stays its own."""
+    errors: list[BaseException | None] = []
+    for log, batch in batches:
+        try:
+            log.write_batch(batch)
+        except BaseException as exc:  # reported per partition, never lost
+            errors.append(exc)
+        else:
+            errors.append(None)
+    return errors

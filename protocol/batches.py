@@ -7,9 +7,9 @@ them; every write brings new ones that must be merged into that list.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from operator import itemgetter
 from typing import NamedTuple
-
-from sortedcontainers import SortedList
 
 # Delivery states of a record (SPEC §1.5). Archiving (3) exists in Kafka's enum but is
 # never persisted by KIP-932; the edge checks accept only the four below.
@@ -31,12 +31,6 @@ class StateBatch(NamedTuple):
     last_offset: int
     delivery_state: int
     delivery_count: int
-
-
-# Inside the combiner a batch is the plain tuple (first, last, count, state): tuple order
-# is then exactly Kafka's PersisterStateBatch.compareTo (count before state), so the
-# sorted set needs no key function.
-_Entry = tuple[int, int, int, int]
 
 
 def combine_state_batches(
@@ -118,81 +112,63 @@ def _prune(batches: list[StateBatch], start_offset: int) -> list[StateBatch]:
     return pruned
 
 
-def _merge(batches: list[StateBatch]) -> list[StateBatch]:
-    entries = sorted({(b[0], b[1], b[3], b[2]) for b in batches})
-    inverted = any(first > last for first, last, _, _ in entries)
-    if not inverted and _already_merged(entries):
-        # The walk would finalise every batch in set order without one merge.
-        return [StateBatch(first, last, state, count) for first, last, count, state in entries]
-    return [
-        StateBatch(first, last, state, count)
-        for first, last, count, state in _merge_slow(entries, inverted)
-    ]
-
-
-def _already_merged(entries: list[_Entry]) -> bool:
-    prev = entries[0]
-    for cand in entries[1:]:
-        if cand[0] <= prev[1] or (cand[0] == prev[1] + 1 and cand[2:] == prev[2:]):
-            return False
-        prev = cand
-    return True
-
+# Kafka's set order (PersisterStateBatch.compareTo): first, last, count, then state.
+_set_order = itemgetter(0, 1, 3, 2)
 
 # Inverted input may wander through ever new sets without repeating one; past this many
 # steps it is declared cyclic. Valid input never looks at the bound.
 _INVERTED_STEP_LIMIT = 100_000
 
 
-def _merge_slow(entries: list[_Entry], inverted: bool) -> list[_Entry]:
-    remaining: SortedList[_Entry] = SortedList(entries)
-    final: list[_Entry] = []
-    seen: set[tuple[_Entry, ...]] = set()
-    while True:
-        pair = _first_mergeable_pair(remaining, final)
-        if pair is None:
-            break
-        prev, cand = pair
-        remaining.remove(prev)
-        remaining.remove(cand)
+def _merge(batches: list[StateBatch]) -> list[StateBatch]:
+    """Steps 4 to 7 over a list kept in set order.
+
+    The walk only ever looks at the first two elements of the set, and every piece it
+    inserts sorts at or after the pair it replaces, so the set is a sorted list with a
+    moving head: finalising a batch moves the head on, a piece goes in by bisection
+    behind it. Same steps as Kafka's TreeSet walk, without re-walking the final prefix.
+    """
+    remaining = sorted(set(batches), key=_set_order)
+    inverted = any(b[0] > b[1] for b in remaining)
+    seen: set[tuple[StateBatch, ...]] | None = set() if inverted else None
+    final: list[StateBatch] = []
+    head = 0
+    while len(remaining) - head >= 2:
+        prev = remaining[head]
+        cand = remaining[head + 1]
+        if cand[0] > prev[1] and not (
+            cand[0] == prev[1] + 1 and cand[2] == prev[2] and cand[3] == prev[3]
+        ):
+            # Step 5: not mergeable with its right neighbour, so prev is final.
+            final.append(prev)
+            head += 1
+            continue
+        head += 2
         for piece in _resolve(prev, cand):
-            if piece not in remaining:
-                remaining.add(piece)
-        if inverted:
+            at = bisect_left(remaining, _set_order(piece), lo=head, key=_set_order)
+            if at == len(remaining) or remaining[at] != piece:  # a set: no duplicates
+                remaining.insert(at, piece)
+        if seen is not None:
             # What happens next depends only on the remaining set: seeing one again
             # means the walk would repeat forever. Valid input always makes progress,
             # so it never pays for this bookkeeping.
-            state = tuple(remaining)
+            state = tuple(remaining[head:])
             if state in seen or len(seen) >= _INVERTED_STEP_LIMIT:
                 raise ValueError(
                     "combine_state_batches: inverted batches (first_offset > last_offset) "
                     "make the merge cycle"
                 )
             seen.add(state)
-    final.extend(remaining)
+    final.extend(remaining[head:])
     return final
 
 
-def _first_mergeable_pair(
-    remaining: SortedList[_Entry], final: list[_Entry]
-) -> tuple[_Entry, _Entry] | None:
-    """Step 5: finalise the non-mergeable prefix, return the first mergeable pair."""
-    while len(remaining) >= 2:
-        prev: _Entry = remaining[0]
-        cand: _Entry = remaining[1]
-        if cand[0] <= prev[1] or (cand[0] == prev[1] + 1 and cand[2:] == prev[2:]):
-            return prev, cand
-        final.append(prev)
-        del remaining[0]
-    return None
-
-
-def _resolve(prev: _Entry, cand: _Entry) -> list[_Entry]:
+def _resolve(prev: StateBatch, cand: StateBatch) -> list[StateBatch]:
     """Step 6: the pieces that replace an overlapping or contiguous pair."""
-    p_first, p_last, p_count, p_state = prev
-    c_first, c_last, c_count, c_state = cand
-    if (p_count, p_state) == (c_count, c_state):
-        return [(p_first, max(p_last, c_last), p_count, p_state)]
+    p_first, p_last, p_state, p_count = prev
+    c_first, c_last, c_state, c_count = cand
+    if p_count == c_count and p_state == c_state:
+        return [StateBatch(p_first, max(p_last, c_last), p_state, p_count)]
     cand_higher = (c_count, c_state) > (p_count, p_state)
     if c_first == p_first:
         if c_last == p_last:
@@ -200,19 +176,19 @@ def _resolve(prev: _Entry, cand: _Entry) -> list[_Entry]:
         # The set order puts the longer batch second when both start together.
         if cand_higher:
             return [cand]
-        return [prev, (p_last + 1, c_last, c_count, c_state)]
+        return [prev, StateBatch(p_last + 1, c_last, c_state, c_count)]
     if c_last < p_last:
         if not cand_higher:
             return [prev]
         return [
-            (p_first, c_first - 1, p_count, p_state),
+            StateBatch(p_first, c_first - 1, p_state, p_count),
             cand,
-            (c_last + 1, p_last, p_count, p_state),
+            StateBatch(c_last + 1, p_last, p_state, p_count),
         ]
     if c_last == p_last:
         if not cand_higher:
             return [prev]
-        return [(p_first, c_first - 1, p_count, p_state), cand]
+        return [StateBatch(p_first, c_first - 1, p_state, p_count), cand]
     if not cand_higher:
-        return [prev, (p_last + 1, c_last, c_count, c_state)]
-    return [(p_first, c_first - 1, p_count, p_state), cand]
+        return [prev, StateBatch(p_last + 1, c_last, c_state, c_count)]
+    return [StateBatch(p_first, c_first - 1, p_state, p_count), cand]

@@ -8,6 +8,7 @@ names the owner.
 
 from __future__ import annotations
 
+import functools
 import re
 
 from protocol.topic_id import parse_key_topic_id
@@ -47,8 +48,20 @@ def partition_for(group_id: str, topic_id: str, partition: int, num_partitions: 
 
     ``topic_id`` must be the canonical 22-char form (see ``protocol.topic_id``).
     """
-    key = coordinator_key(group_id, topic_id, partition)
-    return kafka_abs(java_string_hash(key)) % num_partitions
+    # Java's hash is a polynomial in 31, so hash(prefix + suffix) =
+    # hash(prefix) * 31**len(suffix) + hash(suffix): the "group:topic:" part, shared by
+    # every partition of a topic, is hashed once.
+    h = _prefix_hash(group_id, topic_id)
+    for ch in str(partition):
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    h = h - (1 << 32) if h & 0x80000000 else h
+    return kafka_abs(h) % num_partitions
+
+
+@functools.lru_cache(maxsize=65536)
+def _prefix_hash(group_id: str, topic_id: str) -> int:
+    """Unsigned 32-bit Java hash of ``group_id:topic_id:``."""
+    return java_string_hash(f"{group_id}:{topic_id}:") & 0xFFFFFFFF
 
 
 def partition_for_key(key: str, num_partitions: int) -> int:

@@ -179,7 +179,10 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out)
     timeout = request.app[COORDINATOR].config.request_timeout_s
     try:
-        body = await asyncio.wait_for(request.read(), timeout)
+        if request.content.is_eof():
+            body = await request.read()  # all there already: no deadline needed
+        else:
+            body = await asyncio.wait_for(request.read(), timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
     except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10

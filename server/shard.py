@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from protocol import errors
 from protocol.batches import StateBatch, combine_state_batches
@@ -60,23 +60,21 @@ class TopicMetadata(Protocol):
 
 
 # --- operations -----------------------------------------------------------------------
+# Immutable and cheap to build: one is made per partition entry of every request.
 
 
-@dataclass(frozen=True, slots=True)
-class InitializeOp:
+class InitializeOp(NamedTuple):
     key: ShareKey
     state_epoch: int
     start_offset: int
 
 
-@dataclass(frozen=True, slots=True)
-class ReadOp:
+class ReadOp(NamedTuple):
     key: ShareKey
     leader_epoch: int
 
 
-@dataclass(frozen=True, slots=True)
-class WriteOp:
+class WriteOp(NamedTuple):
     key: ShareKey
     state_epoch: int
     leader_epoch: int
@@ -85,37 +83,31 @@ class WriteOp:
     delivery_complete_count: int = -1
 
 
-@dataclass(frozen=True, slots=True)
-class DeleteOp:
+class DeleteOp(NamedTuple):
     key: ShareKey
 
 
-@dataclass(frozen=True, slots=True)
-class ReadSummaryOp:
+class ReadSummaryOp(NamedTuple):
     key: ShareKey
 
 
-@dataclass(frozen=True, slots=True)
-class AdminReadOp:
+class AdminReadOp(NamedTuple):
     key: ShareKey
 
 
-@dataclass(frozen=True, slots=True)
-class DeleteTopicsOp:
+class DeleteTopicsOp(NamedTuple):
     """Kafka's onTopicsDeleted: tombstone every key of these topics, any group."""
 
     topic_ids: frozenset[str]
 
 
-@dataclass(frozen=True, slots=True)
-class ExpireGroupsOp:
+class ExpireGroupsOp(NamedTuple):
     """State retention (SPEC §A): tombstone every key of these groups."""
 
     group_ids: frozenset[str]
 
 
-@dataclass(frozen=True, slots=True)
-class ColdSnapshotOp:
+class ColdSnapshotOp(NamedTuple):
     """The cold-partition snapshot job's pass over this shard (SPEC §10)."""
 
 

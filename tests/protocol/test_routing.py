@@ -130,3 +130,12 @@ def test_1_2_key_of_negative_partition_parses_like_java():
 
 def test_1_2_coordinator_key_format():
     assert coordinator_key("g", "AAAAAAAAAAAAAAAAAAAAAQ", 7) == "g:AAAAAAAAAAAAAAAAAAAAAQ:7"
+
+
+@given(st.text(max_size=20), st.integers(-(2**31), 2**31 - 1), st.integers(1, 200))
+def test_1_3_partition_for_equals_the_hash_of_the_whole_key(group, partition, n):
+    # partition_for hashes the "group:topic:" prefix once and extends it; the result
+    # must be exactly Kafka's hash of the whole coordinator key.
+    topic = "AAAAAAAAAAAAAAAAAAAAAQ"
+    key = coordinator_key(group, topic, partition)
+    assert partition_for(group, topic, partition, n) == kafka_abs(java_string_hash(key)) % n
