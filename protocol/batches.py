@@ -92,9 +92,12 @@ def combine_state_batches(
     Raises ``ValueError`` when inverted batches (``first > last``) make the procedure
     cycle, where Kafka's would loop forever (SPEC §A.1 point 15).
     """
-    batches = list(current) + list(new) if current else list(new)
+    batches = [*current, *new]
     if start_offset != -1:
-        batches = _prune(batches, start_offset)
+        for batch in batches:
+            if batch[0] < start_offset:
+                batches = _prune(batches, start_offset)
+                break
     if len(batches) < 2:
         return batches
     return _merge(batches)
@@ -125,28 +128,44 @@ def _merge(batches: list[StateBatch]) -> list[StateBatch]:
 
     The walk only ever looks at the first two elements of the set, and every piece it
     inserts sorts at or after the pair it replaces, so the set is a sorted list with a
-    moving head: finalising a batch moves the head on, a piece goes in by bisection
-    behind it. Same steps as Kafka's TreeSet walk, without re-walking the final prefix.
+    moving head: batches passed over are final and leave by one slice; a piece goes in
+    by bisection behind the head. Same steps as Kafka's TreeSet walk.
     """
-    remaining = sorted(set(batches), key=_set_order)
-    inverted = any(b[0] > b[1] for b in remaining)
-    seen: set[tuple[StateBatch, ...]] | None = set() if inverted else None
+    # No set(): duplicates sort next to each other, and the walk's same-info merge of an
+    # identical pair drops one copy, which is what the set would have done. The input is
+    # mostly sorted already (stored batches, then new ones), so the sort is cheap.
+    remaining = sorted(batches, key=_set_order)
     final: list[StateBatch] = []
+    seen: set[tuple[StateBatch, ...]] | None = None
+    checked_inverted = False
     head = 0
-    while len(remaining) - head >= 2:
-        prev = remaining[head]
-        cand = remaining[head + 1]
-        if cand[0] > prev[1] and not (
-            cand[0] == prev[1] + 1 and cand[2] == prev[2] and cand[3] == prev[3]
-        ):
-            # Step 5: not mergeable with its right neighbour, so prev is final.
-            final.append(prev)
-            head += 1
-            continue
-        head += 2
+    while True:
+        # Step 5: walk to the first mergeable pair; everything before it is final.
+        i = head
+        prev = remaining[i]
+        last = len(remaining) - 1
+        while i < last:
+            cand = remaining[i + 1]
+            if cand[0] <= prev[1] or (
+                cand[0] == prev[1] + 1 and cand[3] == prev[3] and cand[2] == prev[2]
+            ):
+                break
+            prev = cand
+            i += 1
+        else:
+            final += remaining[head:]
+            return final
+        final += remaining[head:i]
+        if not checked_inverted:
+            # Only inverted input can make the walk cycle; look once, when merging starts.
+            checked_inverted = True
+            if any(b[0] > b[1] for b in remaining):
+                seen = set()
+        # Step 6: replace the pair by its pieces (a set: no duplicates).
+        head = i + 2
         for piece in _resolve(prev, cand):
             at = bisect_left(remaining, _set_order(piece), lo=head, key=_set_order)
-            if at == len(remaining) or remaining[at] != piece:  # a set: no duplicates
+            if at == len(remaining) or remaining[at] != piece:
                 remaining.insert(at, piece)
         if seen is not None:
             # What happens next depends only on the remaining set: seeing one again
@@ -159,8 +178,6 @@ def _merge(batches: list[StateBatch]) -> list[StateBatch]:
                     "make the merge cycle"
                 )
             seen.add(state)
-    final.extend(remaining[head:])
-    return final
 
 
 def _resolve(prev: StateBatch, cand: StateBatch) -> list[StateBatch]:

@@ -16,6 +16,7 @@ from protocol.batches import (
     StateBatch,
     combine_state_batches,
 )
+from tests.protocol.kafka_reference_combiner import reference_combine
 
 AV, ACQ, ACK, ARC = AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED
 
@@ -294,3 +295,31 @@ def test_7_property_second_pass_fully_coalesces(batches):
             left.last_offset + 1 == right.first_offset and _priority(left) == _priority(right)
         )
     assert combine_state_batches(twice, [], -1) == twice
+
+
+# --- exactly Kafka's walk ------------------------------------------------------------------
+
+wide_batch = st.builds(
+    lambda first, length, state, count: StateBatch(first, first + length, state, count),
+    st.integers(0, 60),
+    st.integers(0, 20),
+    st.sampled_from([AV, ACQ, ACK, ARC]),
+    st.integers(0, 3),
+)
+
+
+@settings(max_examples=5000, deadline=None)
+@given(
+    current=st.lists(wide_batch, max_size=12),
+    new=st.lists(wide_batch, max_size=6),
+    start_offset=st.one_of(st.just(-1), st.integers(0, 70)),
+)
+def test_7_output_is_exactly_kafkas_walk_batch_for_batch(current, new, start_offset):
+    """Batch boundaries too, not only per-offset state: partial coalescing must come out
+    exactly as the literal TreeSet walk (tests/protocol/kafka_reference_combiner.py)."""
+    # Stored state is itself combiner output; feed that shape as well as raw lists.
+    stored = combine_state_batches(current, [], -1)
+    for base in (current, stored):
+        assert combine_state_batches(base, new, start_offset) == reference_combine(
+            base, new, start_offset
+        )

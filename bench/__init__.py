@@ -1,0 +1,1 @@
+"""sharecoord's benchmark: `make bench` (python -m bench). See bench/README.md."""

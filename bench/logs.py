@@ -1,0 +1,87 @@
+"""Building large state logs for the recovery and Spark scenarios.
+
+The records come from the shard itself (initialize, then writes like the HTTP
+workload's), appended through persistence exactly as the daemon appends them, so
+loading and compacting them exercises the real formats and the real replay.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.workload import TOPIC_ID, WINDOW
+from persistence import StateLog
+from protocol.batches import StateBatch
+from protocol.records import ShareKey, encode_key, encode_value, record_type
+from protocol.routing import partition_for
+from server.shard import InitializeOp, ShardConfig, ShareCoordinatorShard, WriteOp
+
+NUM_PARTITIONS = 50
+WRITES_PER_KEY = 50  # with 500 updates per snapshot, every record replays in full
+
+
+@dataclass
+class BuiltLog:
+    data_dir: Path
+    records: int
+    keys: int
+    bytes: int
+    seconds: float
+
+
+def build_log(data_dir: Path, records: int, *, seed: int = 1, progress: bool = True) -> BuiltLog:
+    """A data directory of about `records` records over `records / 50` share-partitions."""
+    started = time.monotonic()
+    rng = random.Random(seed)
+    keys_wanted = max(1, records // WRITES_PER_KEY)
+    keys = [ShareKey(f"log-group-{i % 1000}", TOPIC_ID, i // 1000) for i in range(keys_wanted)]
+    shards = [ShareCoordinatorShard(ShardConfig()) for _ in range(NUM_PARTITIONS)]
+    owner = {k: partition_for(k.group_id, k.topic_id, k.partition, NUM_PARTITIONS) for k in keys}
+    now = 1_795_000_000_000
+    written = 0
+    with StateLog.open(str(data_dir), NUM_PARTITIONS) as log:
+        logs = [log.partition(p) for p in range(NUM_PARTITIONS)]
+        for partition_log in logs:
+            partition_log.open()
+
+        def apply(key: ShareKey, op: InitializeOp | WriteOp) -> None:
+            nonlocal written
+            p = owner[key]
+            records_out, _ = shards[p].handle(op)
+            for record in records_out:
+                offset = logs[p].append(
+                    record_type(record), encode_key(record.key), encode_value(record), now
+                )
+                shards[p].replay(offset, record)
+                written += 1
+
+        for key in keys:
+            apply(key, InitializeOp(key, 0, 0))
+        round_ = 0
+        while written < records:
+            for key in keys:
+                if written >= records:
+                    break
+                first = rng.randrange(WINDOW) + round_ * 10
+                apply(
+                    key,
+                    WriteOp(
+                        key,
+                        0,
+                        0,
+                        round_ * 10 if rng.random() < 0.1 else -1,
+                        [StateBatch(first, first + 9, rng.choice((0, 2, 2, 4)), rng.randint(1, 3))],
+                    ),
+                )
+            round_ += 1
+            for partition_log in logs:
+                partition_log.commit()
+            if progress:
+                print(f"  built {written:,} of {records:,} records", flush=True)
+        for partition_log in logs:
+            partition_log.commit()
+        size = sum(partition_log.size_bytes for partition_log in logs)
+    return BuiltLog(data_dir, written, len(keys), size, time.monotonic() - started)

@@ -1,0 +1,113 @@
+"""The benchmark's report: a Markdown table, the JSON of every figure, a PNG chart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    if value is None:
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def markdown(results: dict[str, Any]) -> str:
+    machine = results["machine"]
+    lines = [
+        "# sharecoord benchmark",
+        "",
+        f"Run {results['started']} on {machine['cpu']}, {machine['cores']} cores, "
+        f"{machine['memory_gib']} GiB, Linux {machine['kernel']}, Python {machine['python']}; "
+        f"{machine['filesystem']} with a 4 KiB append + fdatasync taking "
+        f"{machine['fdatasync_ms']} ms. "
+        f"{machine['pinning']}.",
+        "",
+        "## Requests over HTTP (wrk, pgbench, redis-benchmark)",
+        "",
+        "| scenario | conc. | requests/s | share-partitions/s | p50 ms | p99 ms "
+        "| server CPU | generator CPU | vs ceiling |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    ceiling = {
+        r["concurrency"]: r["requests_per_s"] for r in results["http"] if r["name"] == "ceiling"
+    }
+    for r in results["http"]:
+        vs = ""
+        if r["name"] != "ceiling" and r["concurrency"] in ceiling and r["items_per_request"] == 1:
+            vs = f"{r['requests_per_s'] / ceiling[r['concurrency']]:.0%}"
+        lines.append(
+            f"| {r['name']} | {r['concurrency']} | {_fmt(r['requests_per_s'])} | "
+            f"{_fmt(r['items_per_s'])} | {_fmt(r['p50_ms'], 2)} | {_fmt(r['p99_ms'], 2)} | "
+            f"{r['server_cpu']:.0%} | {r['generator_cpu']:.0%} | {vs} |"
+        )
+    ratios = results.get("ratios", {})
+    if ratios:
+        lines += ["", "## Ratios", ""]
+        lines += [f"* {name}: **{value:.2f}x**" for name, value in ratios.items()]
+    for section in ("recovery", "spark"):
+        rows = results.get(section) or []
+        if not rows:
+            continue
+        lines += [
+            "",
+            f"## {section.capitalize()}",
+            "",
+            "| what | records | seconds | records/s | note |",
+            "| --- | ---: | ---: | ---: | --- |",
+        ]
+        for row in rows:
+            lines.append(
+                f"| {row['name']} | {_fmt(row['records'])} | {_fmt(row['seconds'], 2)} | "
+                f"{_fmt(row['records_per_s'])} | {row.get('note', '')} |"
+            )
+    notes = results.get("notes") or []
+    if notes:
+        lines += ["", "## Notes", ""] + [f"* {note}" for note in notes]
+    return "\n".join(lines) + "\n"
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    # Imported here: matplotlib is slow to import and only the chart needs it.
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    rows = [r for r in results["http"]]
+    labels = [f"{r['name']}\nc={r['concurrency']}" for r in rows]
+    values = [r["items_per_s"] for r in rows]
+    colors = [
+        "#888888"
+        if r["name"] == "ceiling"
+        else "#1f77b4"
+        if r["name"].startswith("sharecoord")
+        else "#d62728"
+        if r["name"].startswith("postgres")
+        else "#ff7f0e"
+        for r in rows
+    ]
+    fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.7), 5))
+    ax.bar(range(len(rows)), values, color=colors)
+    ax.set_yscale("log")
+    ax.set_ylabel("share-partition writes (or reads) per second, log scale")
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels(labels, rotation=60, ha="right", fontsize=7)
+    ax.set_title(f"sharecoord vs ceiling and peers ({results['machine']['cores']} cores)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def save(results: dict[str, Any], directory: Path) -> dict[str, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "json": directory / "latest.json",
+        "markdown": directory / "latest.md",
+        "png": directory / "latest.png",
+    }
+    paths["json"].write_text(json.dumps(results, indent=1) + "\n")
+    paths["markdown"].write_text(markdown(results))
+    chart(results, paths["png"])
+    return paths
