@@ -13,6 +13,8 @@ from types import TracebackType
 from typing import Any, cast
 from urllib.parse import urlencode
 
+import aiohttp
+
 from client.batching import Outcome
 from client.calls import EntryCaller
 from client.retry import (
@@ -91,6 +93,10 @@ class ShareCoordinatorClient:
     request (after ``linger_ms``; 0 sends at once but still merges what queues up while
     a request is in flight), split at ``max_entries_per_request`` entries and
     ``max_body_bytes``: keep both at or below the daemons' limits.
+
+    ``format`` picks the wire format (msgpack, or JSON for debugging); ``trace_configs``
+    are handed to the aiohttp session (request tracing, metrics); ``rng`` drives the
+    backoff jitter.
     """
 
     def __init__(
@@ -111,6 +117,7 @@ class ShareCoordinatorClient:
         max_body_bytes: int = 4 * 1024 * 1024,
         max_connections_per_host: int = 10,
         format: Format = Format.MSGPACK,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
         rng: random.Random | None = None,
     ) -> None:
         self.stats = ClientStats()
@@ -125,6 +132,7 @@ class ShareCoordinatorClient:
             request_timeout_s=request_timeout_s,
             max_connections_per_host=max_connections_per_host,
             fmt=format,
+            trace_configs=trace_configs,
         )
         self._router = Router(
             parse_bootstrap(bootstrap, tls=ssl is not None),

@@ -9,6 +9,7 @@ back; what an answer means for each entry is the caller's business, helped by
 from __future__ import annotations
 
 import ssl as ssl_module
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import aiohttp
@@ -45,6 +46,7 @@ class HttpTransport:
         request_timeout_s: float,
         max_connections_per_host: int,
         fmt: Format,
+        trace_configs: Sequence[aiohttp.TraceConfig] = (),
     ) -> None:
         if request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
@@ -59,6 +61,7 @@ class HttpTransport:
         self._ssl = ssl
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_s)
         self._max_connections_per_host = max_connections_per_host
+        self._trace_configs = list(trace_configs)
         self._session: aiohttp.ClientSession | None = None
 
     def start(self) -> None:
@@ -71,7 +74,10 @@ class HttpTransport:
         )
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
         self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, headers=headers
+            connector=connector,
+            timeout=self._timeout,
+            headers=headers,
+            trace_configs=self._trace_configs or None,
         )
 
     async def close(self) -> None:
