@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import shutil
 import subprocess
@@ -90,6 +91,19 @@ def trace() -> Trace:
     config = aiohttp.TraceConfig()
     config.on_request_start.append(on_start)
     return Trace(config, seen)
+
+
+def request_ended(path_suffix: str) -> tuple[aiohttp.TraceConfig, asyncio.Event]:
+    """A trace config that sets the event when a request to ``...path_suffix`` ends."""
+    ended = asyncio.Event()
+
+    async def on_end(session: Any, context: Any, params: aiohttp.TraceRequestEndParams) -> None:
+        if params.url.path.endswith(path_suffix):
+            ended.set()
+
+    config = aiohttp.TraceConfig()
+    config.on_request_end.append(on_end)
+    return config, ended
 
 
 async def scrape(daemon: Daemon) -> str:
