@@ -10,6 +10,7 @@ import os
 import re
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -23,8 +24,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 LISTENING = re.compile(rb"^sharecoord listening on (https?)://([^:]+):(\d+)\s*$")
 # Guards against a hung test, never a timing assertion.
 START_TIMEOUT_S = 60.0
-
-_NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def free_ports(count: int) -> list[int]:
@@ -50,6 +49,7 @@ class Daemon:
         args: Sequence[str] = (),
         env: dict[str, str] | None = None,
         port: int = 0,
+        probe_ssl: ssl.SSLContext | None = None,
     ) -> None:
         self.data_dir = data_dir
         self.args = list(args)
@@ -57,6 +57,10 @@ class Daemon:
         self.port = port
         self.scheme = "http"
         self.log_path = data_dir.parent / f"{data_dir.name}-{id(self)}.log"
+        # How /readyz is probed over TLS (a context trusting the daemon's CA).
+        self._probe = urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=probe_ssl)
+        )
         self.proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
 
@@ -110,7 +114,7 @@ class Daemon:
 
     def readyz(self) -> int:
         try:
-            with _NO_PROXY.open(f"{self.url}/readyz", timeout=10) as response:
+            with self._probe.open(f"{self.url}/readyz", timeout=10) as response:
                 return int(response.status)
         except urllib.error.HTTPError as exc:
             return exc.code
