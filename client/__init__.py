@@ -4,25 +4,37 @@ Example, against ``make serve`` (a daemon on 127.0.0.1:9095)::
 
     import asyncio
 
-    from client import ACKNOWLEDGED, ShareCoordinatorClient, StateBatch
+    from client import ACQUIRED, FencedLeaderEpoch, ShareCoordinatorClient, StateBatch
 
     GROUP, TOPIC = "orders-share-group", "WwwvDo06T2ueIXxNGis8TQ"
 
 
     async def main() -> None:
         async with ShareCoordinatorClient("http://127.0.0.1:9095") as coordinator:
+            # A share-partition leader takes over partition 0 of TOPIC for GROUP.
             await coordinator.initialize(GROUP, TOPIC, 0, state_epoch=0, start_offset=100)
             state = await coordinator.read(GROUP, TOPIC, 0, leader_epoch=1)
-            print(state.start_offset, state.state_batches)  # 100 []
+            print(state.start_offset, state.state_batches)
+            # 100-109 are done; 110-119 are out for their first delivery.
             await coordinator.write(
-                GROUP, TOPIC, 0,
-                state_epoch=0, leader_epoch=1, start_offset=-1,
-                state_batches=[StateBatch(100, 109, ACKNOWLEDGED, 1)],
+                GROUP, TOPIC, 0, state_epoch=0, leader_epoch=1, start_offset=110,
+                state_batches=[StateBatch(110, 119, ACQUIRED, 1)],
             )
-            print(await coordinator.read_summary(GROUP, TOPIC, 0))
+            state = await coordinator.read(GROUP, TOPIC, 0, leader_epoch=1)
+            print(state.start_offset, state.state_batches)
+            try:  # a leader of an older epoch is fenced
+                await coordinator.read(GROUP, TOPIC, 0, leader_epoch=0)
+            except FencedLeaderEpoch as exc:
+                print(exc)
 
 
     asyncio.run(main())
+
+It prints::
+
+    100 []
+    110 [StateBatch(first_offset=110, last_offset=119, delivery_state=1, delivery_count=1)]
+    [74 FENCED_LEADER_EPOCH] The leader epoch in the request is older than the epoch on the broker.
 
 See ``ShareCoordinatorClient`` for errors, retries, coalescing and why a retried write
 is applied at least once.
