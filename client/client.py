@@ -2,36 +2,25 @@
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import itertools
-import json
 import random
 import ssl as ssl_module
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any, cast
-from urllib.parse import urlencode
 
 import aiohttp
 
+from client.admin import AdminCalls
 from client.batching import Outcome
 from client.calls import EntryCaller
-from client.retry import (
-    DeadlineExceeded,
-    Failure,
-    RetryPolicy,
-    call_with_retries,
-    is_retriable_exception,
-    transport_failure,
-)
-from client.routing import NodeAddress, Router, parse_bootstrap
-from client.transport import CONTENT_TYPES, Answer, HttpTransport, refusal
+from client.retry import DeadlineExceeded, Failure, RetryPolicy
+from client.routing import Router, parse_bootstrap
+from client.transport import HttpTransport
 from client.types import ClientStats, ReadResult, ReadSummaryResult
-from client.validation import check_group_id, check_topic_id
 from protocol import errors
 from protocol.batches import StateBatch
-from protocol.client_codec import BodyError, Format, decode_admin_state
+from protocol.client_codec import Format
 from protocol.messages import (
     AdminState,
     CoordinatorResult,
@@ -46,10 +35,6 @@ from protocol.messages import (
     WritePartition,
     error_result,
 )
-from protocol.routing import partition_for
-
-_JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
-_NOT_REGISTERED = -1
 
 
 class ShareCoordinatorClient:
@@ -150,6 +135,14 @@ class ShareCoordinatorClient:
             max_entries_per_request=max_entries_per_request,
             max_state_batches_per_entry=max_state_batches_per_entry,
             max_body_bytes=max_body_bytes,
+        )
+        self._admin = AdminCalls(
+            self._transport,
+            self._router,
+            self._caller,
+            self.stats,
+            self._rng,
+            max_keys_per_request=max_entries_per_request,
         )
         self._closed = False
 
@@ -312,39 +305,9 @@ class ShareCoordinatorClient:
         """The stored state of one share-partition, with its fencing maxima (SPEC §A.1
         point 10), from its owner; None if it has none. No fencing, no side effect."""
         self._start()
-        canonical, problem = check_topic_id(topic_id)
-        problem = check_group_id(group_id) or problem
-        if problem is None and (type(partition) is not int or not 0 <= partition < 2**31):
-            problem = f"partition: expected an int32 >= 0, got {partition!r}"
-        if problem is not None or canonical is None:
-            raise errors.InvalidRequest(problem)
-        num_partitions = self._router.num_partitions
-        state_partition = partition_for(group_id, canonical, partition, num_partitions)
-        query = urlencode({"group_id": group_id, "topic_id": topic_id, "partition": partition})
-        accept = {"Accept": CONTENT_TYPES[self._transport.fmt]}
-
-        async def attempt(remaining: float) -> AdminState | Failure | None:
-            owner = (await self._router.owners([state_partition], remaining))[state_partition]
-            if isinstance(owner, Failure):
-                return owner
-            answer = await self._http("GET", f"{owner.url}/v1/admin/state?{query}", None, accept)
-            if isinstance(answer, Failure):
-                return answer
-            if answer.status == 404:
-                return None
-            if answer.status != 200:
-                failure = refusal(answer)
-                if failure.code == errors.NOT_COORDINATOR:
-                    self.stats.not_coordinator += 1
-                    self._router.forget(state_partition, owner.url)
-                return failure
-            try:
-                return decode_admin_state(answer.body, answer.fmt)
-            except BodyError as exc:
-                return Failure(errors.UNKNOWN_SERVER_ERROR, f"malformed admin state: {exc}", False)
-
-        what = f"admin state of group {group_id!r} topic {topic_id} partition {partition}"
-        return await call_with_retries(what, attempt, self._policy(deadline_s), self._rng)
+        return await self._admin.admin_state(
+            group_id, topic_id, partition, self._policy(deadline_s)
+        )
 
     async def find_coordinator(
         self, keys: Sequence[str], *, deadline_s: float | None = None
@@ -353,39 +316,14 @@ class ShareCoordinatorClient:
         (``"group:topicId:partition"``, SPEC §1.2); a key that does not parse gets
         ``error_code`` 42 in its result. The client's own routing does not need this."""
         self._start()
-        keys = list(keys)
-        bootstrap = self._router.bootstrap
-        turn = itertools.count()
-
-        async def attempt(remaining: float) -> list[CoordinatorResult] | Failure:
-            url = bootstrap[next(turn) % len(bootstrap)]
-            results: list[CoordinatorResult] = []
-            for start in range(0, len(keys), self._max_entries):
-                chunk = await self._caller.find(url, keys[start : start + self._max_entries])
-                if isinstance(chunk, Failure):
-                    return chunk
-                results += chunk
-            return results
-
-        return await call_with_retries(
-            "find-coordinator", attempt, self._policy(deadline_s), self._rng
-        )
+        return await self._admin.find_coordinator(keys, self._policy(deadline_s))
 
     async def register_topic(
         self, topic_id: str, partition_count: int, *, deadline_s: float | None = None
     ) -> None:
         """Register (or resize) a topic in the topic catalog of every node (SPEC §A)."""
         self._start()
-        canonical = _checked_topic_id(topic_id)
-        body = json.dumps({"topic_id": canonical, "partition_count": partition_count}).encode()
-
-        async def on_node(node: NodeAddress, remaining: float) -> Failure | None:
-            answer = await self._http("PUT", f"{node.url}/v1/admin/topics", body, _JSON_HEADERS)
-            if isinstance(answer, Failure):
-                return answer
-            return None if answer.status == 200 else refusal(answer)
-
-        await self._on_every_node(f"register topic {topic_id}", on_node, deadline_s)
+        await self._admin.register_topic(topic_id, partition_count, self._policy(deadline_s))
 
     async def delete_topic(self, topic_id: str, *, deadline_s: float | None = None) -> int:
         """Remove a topic from the topic catalog of every node, tombstoning all its
@@ -393,31 +331,7 @@ class ShareCoordinatorClient:
         share-partitions were deleted in all. ``UnknownTopicOrPartition`` if no node
         had the topic registered."""
         self._start()
-        canonical = _checked_topic_id(topic_id)
-
-        async def on_node(node: NodeAddress, remaining: float) -> int | Failure:
-            url = f"{node.url}/v1/admin/topics/{canonical}"
-            answer = await self._http("DELETE", url, None, _JSON_HEADERS)
-            if isinstance(answer, Failure):
-                return answer
-            if answer.status == 404:
-                return _NOT_REGISTERED
-            if answer.status != 200:
-                return refusal(answer)
-            try:
-                deleted = json.loads(answer.body)["deleted_share_partitions"]
-            except (ValueError, KeyError, TypeError):
-                deleted = None
-            if type(deleted) is not int or deleted < 0:
-                return Failure(errors.UNKNOWN_SERVER_ERROR, f"malformed answer from {url}", False)
-            return deleted
-
-        counts = await self._on_every_node(f"delete topic {topic_id}", on_node, deadline_s)
-        if all(count == _NOT_REGISTERED for count in counts):
-            raise errors.UnknownTopicOrPartition(
-                f"topic {topic_id} is not in the topic catalog of any node"
-            )
-        return sum(count for count in counts if count != _NOT_REGISTERED)
+        return await self._admin.delete_topic(topic_id, self._policy(deadline_s))
 
     # --- internals -----------------------------------------------------------------
 
@@ -468,61 +382,6 @@ class ShareCoordinatorClient:
             _as_result(rpc, outcome, data)
             for outcome, (_, data) in zip(execution.outcomes, entries, strict=True)
         ]
-
-    async def _http(
-        self, method: str, url: str, body: bytes | None, headers: dict[str, str]
-    ) -> Answer | Failure:
-        try:
-            return await self._transport.request(method, url, body, headers)
-        except Exception as exc:
-            if not is_retriable_exception(exc):
-                raise
-            return transport_failure(url, exc)
-
-    async def _on_every_node(
-        self,
-        what: str,
-        on_node: Callable[[NodeAddress, float], Awaitable[Any]],
-        deadline_s: float | None,
-    ) -> list[Any]:
-        """Run ``on_node(node, seconds left)`` on every node, each retried on its own,
-        all within one deadline (SPEC §A: catalog calls fan out to every node)."""
-        policy = self._policy(deadline_s)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + policy.deadline_s
-
-        async def every_node(remaining: float) -> list[NodeAddress] | Failure:
-            owners = await self._router.owners(range(self._router.num_partitions), remaining)
-            nodes = set()
-            for owner in owners.values():
-                if isinstance(owner, Failure):
-                    return owner
-                nodes.add(owner)
-            return sorted(nodes)
-
-        nodes = await call_with_retries(f"{what}: find every node", every_node, policy, self._rng)
-
-        async def run(node: NodeAddress) -> Any:
-            left = dataclasses.replace(policy, deadline_s=max(deadline - loop.time(), 1e-3))
-            return await call_with_retries(
-                f"{what} on node {node.node_id} at {node.url}",
-                lambda remaining: on_node(node, remaining),
-                left,
-                self._rng,
-            )
-
-        outcomes = await asyncio.gather(*(run(n) for n in nodes), return_exceptions=True)
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
-        return list(outcomes)
-
-
-def _checked_topic_id(topic_id: str) -> str:
-    canonical, problem = check_topic_id(topic_id)
-    if canonical is None:
-        raise errors.InvalidRequest(problem)
-    return canonical
 
 
 def _as_result(rpc: Rpc, outcome: Outcome, data: Any) -> Any:

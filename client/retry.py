@@ -129,14 +129,12 @@ async def call_with_retries(
     attempt: Callable[[float], Awaitable[T | Failure]],
     policy: RetryPolicy,
     rng: random.Random,
-    *,
-    on_retry: Callable[[Failure], None] | None = None,
 ) -> T:
     """Run ``attempt(seconds left)`` until it returns something other than a
     ``Failure``, retrying retriable failures with backoff within ``policy``.
 
     A final failure raises its typed Kafka error; running out of time raises
-    ``DeadlineExceeded``. ``on_retry`` sees every failure that is about to be retried.
+    ``DeadlineExceeded``.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + policy.deadline_s
@@ -160,6 +158,4 @@ async def call_with_retries(
         if loop.time() + delay >= deadline:
             last = outcome.error()
             raise DeadlineExceeded(what, policy.deadline_s, attempts, last) from last
-        if on_retry is not None:
-            on_retry(outcome)
         await asyncio.sleep(delay)
