@@ -15,6 +15,7 @@ from client import (
     InitializePartition,
     InvalidRequest,
     ReadPartition,
+    ReadSummaryPartition,
     StateBatch,
     WritePartition,
 )
@@ -143,7 +144,8 @@ async def test_a_call_given_up_before_it_is_sent_is_dropped(shared_daemon, clien
 
 async def test_requests_split_at_the_entry_limit(limited_daemon, clients, group):
     client = clients(limited_daemon.url, linger_ms=5, max_entries_per_request=ENTRY_LIMIT)
-    await client.initialize(group, TOPIC, 0, state_epoch=0, start_offset=0)  # warm the routes
+    # Learn every owner first, so that all 35 calls are queued in the same turn.
+    await client.read_summary_many(group, [(TOPIC, ReadSummaryPartition(p)) for p in range(35)])
     before = await rpc_requests(limited_daemon, "initialize")
     await asyncio.gather(
         *(client.initialize(group, TOPIC, p, state_epoch=0, start_offset=p) for p in range(35))
