@@ -57,7 +57,8 @@ class ShareCoordinatorClient:
     the order given, with ``error_code`` and ``error_message`` (errors as data); an entry
     the daemon never answered ends with 15 COORDINATOR_NOT_AVAILABLE and a message
     saying why. ``ConfigurationError`` (``num_partitions`` differs from the daemons')
-    and TLS failures raise from every call.
+    and TLS failures (``aiohttp.ClientSSLError``: a certificate that does not verify)
+    raise from every call, at once.
 
     **Retries.** 3, 14, 15 and 16 are retriable (SPEC §12, as Kafka's persister), and so
     are refused or reset connections, disconnects, timeouts and HTTP 5xx. Only the
