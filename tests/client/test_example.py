@@ -1,0 +1,32 @@
+"""The documented example (``client`` module docstring, the README's client section)
+runs as printed and prints what it says it prints, twice in a row."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import client
+from tests.client.daemons import REPO_ROOT
+
+
+def example_and_output() -> tuple[str, str]:
+    doc = client.__doc__ or ""
+    code = doc.split("::\n", 1)[1].split("\nIt prints::\n", 1)[0]
+    output = doc.split("It prints::\n", 1)[1].split("\n\n", 1)[0].strip("\n")
+    return textwrap.dedent(code), textwrap.dedent(output) + "\n"
+
+
+def test_the_documented_example_prints_what_it_says(shared_daemon):
+    code, expected = example_and_output()
+    assert 'ShareCoordinatorClient("http://127.0.0.1:9095")' in code  # make serve's address
+    code = code.replace("http://127.0.0.1:9095", shared_daemon.url)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    for _ in range(2):  # running it again gives the same
+        run = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=False
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout == expected
