@@ -29,7 +29,7 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check protocol persistence
+	$(BIN)/ruff format --check protocol persistence client
 	$(BIN)/mypy
 
 bench: venv

@@ -30,3 +30,14 @@ def test_the_documented_example_prints_what_it_says(shared_daemon):
         )
         assert run.returncode == 0, run.stderr
         assert run.stdout == expected
+
+
+def test_the_readme_shows_the_same_example_and_output():
+    """The README's client section is the docstring's example, so both run as printed."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Using the client", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    output = section.split("It prints:\n\n```\n", 1)[1].split("```", 1)[0]
+    expected_code, expected_output = example_and_output()
+    assert code.strip("\n") == expected_code.strip("\n")
+    assert output == expected_output
