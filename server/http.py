@@ -90,6 +90,12 @@ def _accept_format(request: web.Request) -> Format:
     return codec.response_format("application/json", request.headers.get("Accept"))
 
 
+def _answer_format(request: web.Request) -> Format:
+    """Format of an answer given before (or instead of) a handler: the request's format
+    when its Content-Type names one, else JSON; Accept may ask for the other (API.md)."""
+    return codec.response_format(request.headers.get("Content-Type"), request.headers.get("Accept"))
+
+
 # --- middlewares ----------------------------------------------------------------------
 
 _STATUS_CODES = {
@@ -114,13 +120,18 @@ async def errors_middleware(
         if exc.status < 400:
             raise
         code = _STATUS_CODES.get(exc.status, errors.UNKNOWN_SERVER_ERROR)
-        response = error_response(exc.status, code, _describe_http_error(request, exc))
+        response = error_response(
+            exc.status, code, _describe_http_error(request, exc), _answer_format(request)
+        )
     except asyncio.CancelledError:
         raise
     except Exception:
         _log.exception("unhandled error serving %s %s", request.method, request.path)
         response = error_response(
-            500, errors.UNKNOWN_SERVER_ERROR, errors.UnknownServerError.default_message or ""
+            500,
+            errors.UNKNOWN_SERVER_ERROR,
+            errors.UnknownServerError.default_message or "",
+            _answer_format(request),
         )
     if response.status >= 400:
         coordinator.metrics.http_errors.labels(response.status).inc()
@@ -149,13 +160,9 @@ async def auth_middleware(
             401,
             errors.CLUSTER_AUTHORIZATION_FAILED,
             errors.ClusterAuthorizationFailed.default_message or "",
-            _format_or_json(request),
+            _answer_format(request),
         )
     return await handler(request)
-
-
-def _format_or_json(request: web.Request) -> Format:
-    return codec.format_of(request.headers.get("Content-Type")) or Format.JSON
 
 
 # --- request bodies -------------------------------------------------------------------
@@ -171,7 +178,7 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
             errors.INVALID_REQUEST,
             f"unsupported Content-Type {content_type!r}: use application/msgpack or "
             "application/json",
-            Format.JSON,
+            _answer_format(request),
         )
     out = codec.response_format(content_type, request.headers.get("Accept"))
     limit = request.app[COORDINATOR].config.max_body_bytes
