@@ -26,6 +26,7 @@ from protocol.topic_id import canonical_topic_id
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
+from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import ShareCoordinatorMetrics
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
@@ -361,7 +362,7 @@ async def handle_readyz(request: web.Request) -> web.StreamResponse:
 
 async def handle_metrics(request: web.Request) -> web.StreamResponse:
     text = request.app[COORDINATOR].metrics.render()
-    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+    return web.Response(body=text.encode("utf-8"), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 # --- lifecycle ------------------------------------------------------------------------
