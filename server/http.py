@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -270,7 +271,7 @@ async def handle_admin_state(request: web.Request) -> web.StreamResponse:
     try:
         group_id = _query_str(query, "group_id")
         spelled = _query_str(query, "topic_id")
-        topic_id = canonical_topic_id(spelled)
+        topic_id = _query_topic_id(spelled)
         partition = _query_int32(query, "partition")
     except ValueError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), fmt)
@@ -289,6 +290,16 @@ async def handle_admin_state(request: web.Request) -> web.StreamResponse:
     return _respond(codec.encode_admin_state(replace(state, topic_id=spelled), fmt), fmt)
 
 
+_DECIMAL = re.compile(r"-?[0-9]+")
+
+
+def _query_topic_id(spelled: str) -> str:
+    try:
+        return canonical_topic_id(spelled)
+    except ValueError as exc:
+        raise ValueError(f"query parameter topic_id: {exc}, got {spelled!r}") from None
+
+
 def _query_str(query: Any, name: str) -> str:
     value = query.get(name)
     if value is None or value == "":
@@ -298,7 +309,7 @@ def _query_str(query: Any, name: str) -> str:
 
 def _query_int32(query: Any, name: str) -> int:
     text = _query_str(query, name)
-    if not text.lstrip("-").isdigit() or not text.isascii():
+    if not _DECIMAL.fullmatch(text):
         raise ValueError(f"query parameter {name} must be an integer, got {text!r}")
     value = int(text)
     if not -(2**31) <= value < 2**31:
