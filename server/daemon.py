@@ -56,6 +56,12 @@ def run_server(config: ServeConfig) -> int:
 async def _serve(
     app: web.Application, config: ServeConfig, ssl_context: ssl.SSLContext | None
 ) -> int:
+    # Signals first: once the "listening" line is out (or even while the log opens),
+    # SIGTERM must mean a clean stop, never the default death of the process.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     runner = web.AppRunner(
         app,
         handle_signals=False,
@@ -75,10 +81,6 @@ async def _serve(
         scheme = "https" if ssl_context else "http"
         _log.info("listening on %s://%s:%d", scheme, host, port)
         print(f"sharecoord listening on {scheme}://{host}:{port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
         await stop.wait()
         _log.info("stopping: no new connections; finishing the requests in flight")
     finally:
