@@ -451,6 +451,8 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         try:
             yield
         finally:
+            for runtime in runtimes.values():
+                runtime.stop()  # replays in threads end now, not when the log does
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
