@@ -152,12 +152,18 @@ def _describe_http_error(request: web.Request, exc: web.HTTPException) -> str:
 async def auth_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    token = request.app[COORDINATOR].token
+    coordinator = request.app[COORDINATOR]
+    token = coordinator.token
     if (
         token is not None
         and request.path.startswith("/v1/")
         and not check_bearer(request.headers.get("Authorization"), token)
     ):
+        rpc_name = _RPC_PATHS.get(request.path)
+        if rpc_name is not None:
+            coordinator.metrics.rpc_requests.labels(
+                rpc_name, errors.CLUSTER_AUTHORIZATION_FAILED
+            ).inc()
         return error_response(
             401,
             errors.CLUSTER_AUTHORIZATION_FAILED,
@@ -229,6 +235,9 @@ def _service_error(exc: ServiceError, fmt: Format) -> web.Response:
 # --- handlers -------------------------------------------------------------------------
 
 
+_RPC_PATHS = {f"/v1/share-group-state/{rpc.value}": rpc.value for rpc in Rpc}
+
+
 def _rpc_handler(rpc: Rpc) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     name = rpc.value
 
@@ -237,7 +246,11 @@ def _rpc_handler(rpc: Rpc) -> Callable[[web.Request], Awaitable[web.StreamRespon
         coordinator = request.app[COORDINATOR]
         metrics = coordinator.metrics
         started = time.perf_counter()
-        body, fmt, out = await _read_body(request)
+        try:
+            body, fmt, out = await _read_body(request)
+        except _HTTPError:  # 413 / 415: refused bodies, as a 400 is
+            metrics.rpc_requests.labels(name, errors.INVALID_REQUEST).inc()
+            raise
         try:
             decoded = codec.decode_request(rpc, body, fmt, coordinator.limits)
         except BodyError as exc:
@@ -510,8 +523,8 @@ def create_app(
     )
     app[COORDINATOR] = coordinator
     app.cleanup_ctx.append(coordinator_ctx)
-    for rpc in Rpc:
-        app.router.add_post(f"/v1/share-group-state/{rpc.value}", _rpc_handler(rpc))
+    for path, rpc_name in _RPC_PATHS.items():
+        app.router.add_post(path, _rpc_handler(Rpc(rpc_name)))
     app.router.add_post("/v1/find-coordinator", handle_find_coordinator)
     app.router.add_get("/v1/admin/state", handle_admin_state)
     app.router.add_put("/v1/admin/topics", handle_register_topic)
