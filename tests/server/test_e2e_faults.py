@@ -28,6 +28,7 @@ from tests.server.daemons import (
     body,
     next_write,
     partitions_in,
+    read_entry,
     run_cli,
 )
 
@@ -164,3 +165,72 @@ async def test_a_single_failed_fsync_is_followed_by_recovery_on_its_own(spawn, t
             assert time.monotonic() < deadline, "the partition did not recover"
             await asyncio.sleep(0.05)
         await model.check(api)
+
+
+async def test_no_answer_reveals_what_a_failed_fsync_did_not_make_durable(spawn, tmp_path):
+    """In one read request, a read that records a higher leader epoch and then a read
+    with a lower one: the second is fenced (74) by the first's record, which is not
+    durable yet. When that record's fsync fails, neither answer may show it: both
+    are 15. And concurrent readers of a key whose write is failing see the old state or
+    15, never the write."""
+    control = tmp_path / "failpoints.json"
+    rng = random.Random(4)
+    keys = keys_by_partition()
+    key, other = keys[FAULTY][0], keys[0][0]
+    model = Acknowledged(GROUP, [key, other])
+    daemon = await spawn(
+        tmp_path / "data", partitions=NUM_PARTITIONS, env={"SHARECOORD_FAILPOINTS": str(control)}
+    )
+    fault = {"op": "fsync", "errno": "EIO", "path_contains": f"partitions/{FAULTY}/"}
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url)
+        assert set(await api.codes("initialize", model.init_body())) == {0}
+        await write(api, model, rng, [key, other])
+
+        await arm(control, **fault, times=None)
+        reads = [read_entry(key, 5), read_entry(key, 4), read_entry(other, 5), read_entry(other, 4)]
+        results = await api.results("read", body(GROUP, (TOPIC, reads)))
+        assert [r["error_code"] for r in results] == [15, 15, 0, 74]
+        assert results[0]["state_batches"] == results[1]["state_batches"] == []
+        await clear(control)
+        await wait_recovered(api, key)
+        state = await api.state(GROUP, TOPIC, key)
+        assert state is not None
+        assert state["fencing"]["leader_epoch"] == 0  # the failed record is not there
+
+        for attempt in range(3):
+            await arm(control, **fault, times=None)
+            entry, failing = next_write(rng, key, model.acked[key])
+            writing = asyncio.ensure_future(api.results("write", body(GROUP, (TOPIC, [entry]))))
+            readers = [
+                api.results("read-summary", body(GROUP, (TOPIC, [read_entry(key)])))
+                for _ in range(20)
+            ] + [api.admin_state(GROUP, TOPIC, key) for _ in range(10)]
+            answers = await asyncio.gather(*readers)
+            assert (await writing)[0]["error_code"] == 15
+            for answer in answers:
+                if isinstance(answer, list):
+                    summary = answer[0]
+                    if summary["error_code"] == 0:
+                        assert summary["start_offset"] == model.acked[key].start_offset, attempt
+                    else:
+                        assert summary["error_code"] == 15
+                elif answer.status == 200:
+                    assert model.acked[key].matches(answer.body), attempt
+                    assert not failing.matches(answer.body)
+                else:
+                    assert (answer.status, answer.body["error_code"]) == (503, 15)
+            await clear(control)
+            await wait_recovered(api, key)
+        await model.check(api)
+
+
+async def wait_recovered(api: Api, key: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        summary = await api.results("read-summary", body(GROUP, (TOPIC, [read_entry(key)])))
+        if summary[0]["error_code"] == 0:
+            return
+        assert summary[0]["error_code"] == 15
+        assert time.monotonic() < deadline, "the partition did not recover"
+        await asyncio.sleep(0.05)

@@ -418,6 +418,29 @@ async def test_metrics_are_prometheus_text_and_move_with_a_write(serve, fmt):
     )
 
 
+async def test_every_refused_rpc_request_counts_with_its_request_level_code(serve, fmt):
+    """sharecoord_rpc_requests_total: "ok", or the request-level error code: 42 for any
+    refused body (400, 413, 415), 31 for a missing token."""
+    served = await serve(max_body_bytes=LIMIT, token="t")
+    api = served.api(fmt)
+    assert (await api.rpc_reply("read", {"group_id": 5})).status == 400
+    assert (await api.rpc_reply("read", {"pad": "x" * LIMIT})).status == 413
+    reply = await api.request(
+        "POST", "/v1/share-group-state/read", data=b"{}", headers={"Content-Type": "text/csv"}
+    )
+    assert reply.status == 415
+    assert (await served.api(fmt, token="wrong").rpc_reply("delete", {})).status == 401
+    assert await api.codes("read-summary", _topic([read_entry(0)])) == [0]
+    text = await api.metrics()
+    assert metric_value(text, "sharecoord_rpc_requests_total", rpc="read", outcome="42") == 3
+    assert metric_value(text, "sharecoord_rpc_requests_total", rpc="delete", outcome="31") == 1
+    assert (
+        metric_value(text, "sharecoord_rpc_requests_total", rpc="read-summary", outcome="ok") == 1
+    )
+    for status in ("400", "401", "413", "415"):
+        assert metric_value(text, "sharecoord_http_error_responses_total", status=status) == 1
+
+
 async def test_find_coordinator_on_a_single_node(serve, fmt):
     served = await serve(node_id=7)
     api = served.api(fmt)
