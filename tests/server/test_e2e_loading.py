@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ KEYS = partitions_in(BIG, NUM_PARTITIONS, group_id=GROUP, count=50)
 ELSEWHERE = partitions_in(0, NUM_PARTITIONS, group_id=GROUP)[0]  # a key of partition 0
 FIRST_UPDATES = 100_000
 MAX_TRIES = 6
+DEADLINE_S = 120.0  # a safety net, not a timing assertion
 MSG_LOADING = "The coordinator is loading and hence can't process requests."
 
 
@@ -106,10 +108,12 @@ def big_logs(tmp_path_factory: pytest.TempPathFactory):
     return make
 
 
-async def start_while_loading(spawn, big_logs) -> tuple[Daemon, BigLog, Api, aiohttp.ClientSession]:
+async def start_while_loading(
+    spawn, big_logs, updates: int = FIRST_UPDATES
+) -> tuple[Daemon, BigLog, Api, aiohttp.ClientSession, int]:
     """A daemon on a big log whose /readyz said 503 loading at its first answer;
-    bigger logs until this machine is slow enough for that."""
-    updates = FIRST_UPDATES
+    bigger logs until this machine is slow enough for that. Also returns the number of
+    updates it took."""
     for _ in range(MAX_TRIES):
         log = await asyncio.to_thread(big_logs, updates)
         daemon = await spawn(log.path, partitions=NUM_PARTITIONS, ready=False)
@@ -118,17 +122,36 @@ async def start_while_loading(spawn, big_logs) -> tuple[Daemon, BigLog, Api, aio
         ready = await api.readyz()
         if ready.status == 503:
             assert ready.body == {"status": "loading", "failed_partitions": []}
-            return daemon, log, api, session
+            return daemon, log, api, session, updates
         await session.close()
         assert await asyncio.to_thread(daemon.terminate) == 0
         updates *= 2
     pytest.fail(f"loading {updates // 2} updates was over before /readyz first answered")
 
 
+async def partition_statuses(api: Api) -> list[str]:
+    listing = await api.request("GET", "/v1/admin/partitions")
+    assert listing.status == 200
+    return [p["status"] for p in listing.body["partitions"]]
+
+
 async def test_a_loading_partition_answers_14_and_readyz_503_until_loaded(spawn, big_logs):
+    updates = FIRST_UPDATES
     for _ in range(MAX_TRIES):
-        daemon, log, api, session = await start_while_loading(spawn, big_logs)
+        daemon, log, api, session, updates = await start_while_loading(spawn, big_logs, updates)
+        updates *= 2  # for the next try, if there is one
         async with session:
+            # The empty partitions load at once (but on a busy machine, not before the
+            # first request): wait for the one of ELSEWHERE.
+            deadline = time.monotonic() + DEADLINE_S
+            statuses = await partition_statuses(api)
+            while statuses[0] == "loading":
+                assert time.monotonic() < deadline, statuses
+                await asyncio.sleep(0.01)
+                statuses = await partition_statuses(api)
+            if statuses[BIG] != "loading":
+                assert await asyncio.to_thread(daemon.terminate) == 0
+                continue
             # Both kinds in one request: the loaded partition serves, the loading one 14.
             results = await api.results(
                 "read-summary", body(GROUP, (TOPIC, [read_entry(KEYS[0]), read_entry(ELSEWHERE)]))
@@ -199,9 +222,28 @@ async def test_a_loading_partition_answers_14_and_readyz_503_until_loaded(spawn,
     pytest.fail("the big partition always finished loading between two requests")
 
 
+async def replaying_big(spawn, big_logs) -> tuple[Daemon, BigLog]:
+    """A daemon whose big partition is being replayed right now: the partitions before
+    it in the load order are loaded (so its load has begun) and it is still loading."""
+    updates = FIRST_UPDATES
+    for _ in range(MAX_TRIES):
+        daemon, log, api, session, updates = await start_while_loading(spawn, big_logs, updates)
+        updates *= 2
+        async with session:
+            deadline = time.monotonic() + DEADLINE_S
+            statuses = await partition_statuses(api)
+            while "loading" in statuses[:BIG]:
+                assert time.monotonic() < deadline, statuses
+                await asyncio.sleep(0.01)
+                statuses = await partition_statuses(api)
+        if statuses[BIG] == "loading":
+            return daemon, log
+        assert await asyncio.to_thread(daemon.terminate) == 0
+    pytest.fail("the big partition always finished loading before it could be seen loading")
+
+
 async def test_sigterm_while_loading_stops_the_load_and_exits_0(spawn, big_logs):
-    daemon, log, _, session = await start_while_loading(spawn, big_logs)
-    await session.close()
+    daemon, log = await replaying_big(spawn, big_logs)
     daemon.signal(signal.SIGTERM)
     assert await asyncio.to_thread(daemon.wait) == 0
     stderr = await asyncio.to_thread(daemon.stderr_text)
