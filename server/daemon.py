@@ -21,23 +21,29 @@ from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
 from server.cluster import ClusterMap
 from server.config import ServeConfig
 from server.http import COORDINATOR, create_app
-from server.security import load_token, server_ssl_context
+from server.security import SecurityError, load_token, server_ssl_context
 
 _log = logging.getLogger("sharecoord.daemon")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+EXIT_USAGE = 2
 
 
 def run_server(config: ServeConfig) -> int:
     """Serve until told to stop; returns the process exit code."""
     # Files are read here, before the loop exists, so nothing blocks it later.
-    token = load_token(config.auth_token_file) if config.auth_token_file else None
-    ssl_context = (
-        server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
-        if config.tls_cert and config.tls_key
-        else None
-    )
+    try:
+        token = load_token(config.auth_token_file) if config.auth_token_file else None
+        ssl_context = (
+            server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+            if config.tls_cert and config.tls_key
+            else None
+        )
+    except SecurityError as exc:
+        # A token or TLS file that cannot be used is a usage error, as a bad flag is.
+        print(f"sharecoord serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     fs: FileOps | None = None
     if os.environ.get(FAILPOINTS_ENV):
         # Fault injection for the reliability suite; never set in production.
