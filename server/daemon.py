@@ -18,6 +18,7 @@ import uvloop
 from aiohttp import web
 
 from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
+from server.catalog import CatalogError
 from server.cluster import ClusterMap
 from server.config import ServeConfig
 from server.http import COORDINATOR, create_app
@@ -28,6 +29,10 @@ _log = logging.getLogger("sharecoord.daemon")
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+
+
+class ListenError(Exception):
+    """The listen address cannot be bound (in use, not ours, no permission)."""
 
 
 def run_server(config: ServeConfig) -> int:
@@ -52,9 +57,10 @@ def run_server(config: ServeConfig) -> int:
     app = create_app(config, config.cluster_map, token=token, fs=fs)
     try:
         return uvloop.run(_serve(app, config, ssl_context))
-    except LogError as exc:
-        # The data directory is locked by another process, or was made for another
-        # partition count: say so plainly, no trace.
+    except (LogError, CatalogError, ListenError) as exc:
+        # The data directory is locked by another process, was made for another
+        # partition count or holds an unreadable topic catalog, or the address is taken:
+        # say so plainly, no trace.
         print(f"sharecoord serve: {exc}", file=sys.stderr)
         return EXIT_FAILURE
 
@@ -78,7 +84,12 @@ async def _serve(
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ListenError(
+                f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+            ) from exc
         host, port = _bound_address(runner, config)
         coordinator = app[COORDINATOR]
         if config.cluster is None and port != config.port:
