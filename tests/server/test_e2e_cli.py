@@ -198,3 +198,51 @@ async def test_a_partitions_mismatch_is_refused_with_a_clear_message(spawn, tmp_
     # And the right count still opens it.
     daemon = await spawn(data_dir, partitions=8)
     assert await asyncio.to_thread(daemon.terminate) == 0
+
+
+# --- start-up refusals say what is wrong, without a trace -----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--auth-token-file", "{missing}"), "auth token file"),
+        (("--auth-token-file", "{empty}"), "it is empty"),
+        (("--tls-cert", "{missing}", "--tls-key", "{missing}"), "TLS certificate"),
+        (("--tls-cert", "{empty}", "--tls-key", "{empty}"), "not a PEM certificate"),
+    ],
+)
+async def test_unusable_token_or_tls_files_are_usage_errors(spawn, tmp_path, flags, named):
+    """security.py's errors are reported as usage errors (exit 2), naming the file."""
+    empty = tmp_path / "empty"
+    await asyncio.to_thread(empty.write_text, "")
+    paths = {"missing": str(tmp_path / "missing.pem"), "empty": str(empty)}
+    with pytest.raises(DaemonExited) as refused:
+        await spawn(tmp_path / "data", *(f.format(**paths) for f in flags))
+    assert refused.value.code == 2, refused.value.stderr
+    assert named in refused.value.stderr
+    assert "Traceback" not in refused.value.stderr, refused.value.stderr
+
+
+async def test_a_damaged_topic_catalog_is_refused_plainly(spawn, tmp_path):
+    data_dir = tmp_path / "data"
+    daemon = await spawn(data_dir)
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    await asyncio.to_thread((data_dir / "topics.json").write_text, "{not json")
+    with pytest.raises(DaemonExited) as refused:
+        await spawn(data_dir)
+    assert refused.value.code == 1
+    assert "topics.json" in refused.value.stderr
+    assert "Traceback" not in refused.value.stderr, refused.value.stderr
+
+
+async def test_a_port_in_use_is_refused_plainly(spawn, tmp_path):
+    first = await spawn(tmp_path / "one")
+    with pytest.raises(DaemonExited) as refused:
+        await spawn(tmp_path / "two", listen=f"127.0.0.1:{first.port}")
+    assert refused.value.code == 1
+    assert f"127.0.0.1:{first.port}" in refused.value.stderr
+    assert "Traceback" not in refused.value.stderr, refused.value.stderr
+    # The data directory it did not serve is left unlocked for the next one.
+    second = await spawn(tmp_path / "two")
+    assert await asyncio.to_thread(second.terminate) == 0
