@@ -189,13 +189,26 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
             _answer_format(request),
         )
     out = codec.response_format(content_type, request.headers.get("Accept"))
-    limit = request.app[COORDINATOR].config.max_body_bytes
+    config = request.app[COORDINATOR].config
+    limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out)
     try:
-        body = await request.read()
+        # A client that stops sending must not hold the connection and this handler
+        # forever (aiohttp itself only times out idle keep-alive connections).
+        body = await asyncio.wait_for(request.read(), config.request_timeout_s)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
+    except asyncio.TimeoutError:
+        error = _HTTPError(
+            408,
+            errors.INVALID_REQUEST,
+            f"the request body did not arrive within {config.request_timeout_s:g} seconds "
+            "(--request-timeout-s)",
+            out,
+        )
+        error.response.force_close()  # what is left of the body is never read
+        raise error from None
     return body, fmt, out
 
 
