@@ -5,6 +5,7 @@ body errors (400 naming the field, nothing applied), 413, 415, Content-Type and 
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -510,3 +511,28 @@ async def test_answers_without_a_recognised_body_format_follow_accept(serve):
     assert (reply.status, reply.format, reply.body["error_code"]) == (415, "msgpack", 42)
     reply = await api.request("GET", "/v1/nowhere")
     assert (reply.status, reply.format) == (404, "json")
+
+
+async def test_a_body_that_never_arrives_is_cut_off_after_the_request_timeout(serve):
+    """--request-timeout-s: "seconds a client may take to send a request ... slow clients
+    are cut off after it". A request whose body stops coming gets 408 and the connection
+    closes, instead of holding it (and a handler) forever."""
+    served = await serve(request_timeout_s=0.5)
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.server.port)
+    try:
+        writer.write(
+            b"POST /v1/share-group-state/read HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()
+        # Generous: only a server that never answers fails (at the deadline).
+        answer = await asyncio.wait_for(reader.read(), timeout=60)
+    finally:
+        writer.close()
+    head, _, raw = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408"), answer
+    error = json.loads(raw)
+    assert error["error_code"] == 42
+    assert "request-timeout" in error["error_message"]
+    # The daemon serves on.
+    assert await served.api().codes("read-summary", _topic([read_entry(0)])) == [0]
