@@ -6,6 +6,7 @@ body errors (400 naming the field, nothing applied), 413, 415, Content-Type and 
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 from typing import Any
 
@@ -536,3 +537,16 @@ async def test_a_body_that_never_arrives_is_cut_off_after_the_request_timeout(se
     assert "request-timeout" in error["error_message"]
     # The daemon serves on.
     assert await served.api().codes("read-summary", _topic([read_entry(0)])) == [0]
+
+
+async def test_the_default_body_limit_is_4_mib(serve, fmt):
+    api = (await serve()).api(fmt)
+    headers = {"Content-Type": MEDIA[fmt]}
+    path = "/v1/share-group-state/read-summary"
+    limit = 4 * 1024 * 1024
+    bodies = await asyncio.to_thread(lambda: (_padded(fmt, limit), _padded(fmt, limit + 1)))
+    # BytesIO: aiohttp warns about (and the suite refuses) big raw bytes bodies.
+    ok = await api.request("POST", path, data=io.BytesIO(bodies[0]), headers=headers)
+    assert ok.status == 200
+    reply = await api.request("POST", path, data=io.BytesIO(bodies[1]), headers=headers)
+    assert (reply.status, reply.body["error_code"]) == (413, 42)

@@ -18,6 +18,7 @@ import time
 from persistence import encode_frame, list_segments, partition_dir, read_segment, write_staged
 from protocol.records import RecordDecoder, ShareSnapshot, encode_key, encode_value
 from protocol.replay import ShareStateMap
+from server.tools import iter_records
 from tests.server.daemons import (
     TOPIC,
     Acknowledged,
@@ -164,3 +165,62 @@ async def test_pruning_moves_the_log_start_and_keeps_the_state(serve):
     await served.server.close()
     again = await serve(data_dir=served.config.data_dir, **flags)
     assert await every_state(again.api("msgpack"), KEYS) == before
+
+
+def record_kinds(data_dir: str, partition: int) -> list[tuple[str, int, int]]:
+    """(record type, create timestamp, write timestamp) of a partition's records."""
+    out = []
+    for _, record in iter_records(data_dir, partition):
+        if isinstance(record, ShareSnapshot):
+            out.append(("snapshot", record.create_timestamp, record.write_timestamp))
+        else:
+            out.append((type(record).__name__, 0, 0))
+    return out
+
+
+async def test_snapshot_cadence_follows_the_setting(serve):
+    """SPEC §A.1 14 with N = 2: after Initialize, 3 updates then a snapshot; then 2
+    updates between snapshots (the setting reaches the shards)."""
+    served = await serve(partitions=1, snapshot_update_records_per_snapshot=2)
+    api = served.api()
+    rng = random.Random(13)
+    model = Acknowledged(GROUP, [0])
+    assert await api.codes("initialize", model.init_body()) == [0]
+    await some_writes(api, model, rng, 7)
+    kinds = await asyncio.to_thread(record_kinds, served.config.data_dir, 0)
+    assert [kind for kind, _, _ in kinds] == [
+        "snapshot",
+        "ShareUpdate",
+        "ShareUpdate",
+        "ShareUpdate",
+        "snapshot",
+        "ShareUpdate",
+        "ShareUpdate",
+        "snapshot",
+    ]
+    await model.check(api)
+    state = await api.state(GROUP, TOPIC, 0)
+    assert state is not None
+    assert state["snapshot_epoch"] == 2
+
+
+async def test_cold_partition_snapshots_rewrite_a_key_written_by_updates(serve):
+    """SPEC §10: a key untouched for the cold interval gets a snapshot of its state,
+    snapshot epoch + 1 and a new write timestamp, and nothing else changes."""
+    served = await serve(partitions=1, cold_partition_snapshot_interval_ms=100)
+    api = served.api()
+    rng = random.Random(14)
+    model = Acknowledged(GROUP, [0])
+    assert await api.codes("initialize", model.init_body()) == [0]
+    await some_writes(api, model, rng, 2)
+    before = await api.state(GROUP, TOPIC, 0)
+    assert before is not None
+    deadline = time.monotonic() + DEADLINE_S
+    while (state := await api.state(GROUP, TOPIC, 0))["snapshot_epoch"] == 0:  # type: ignore[index]
+        assert time.monotonic() < deadline, "no cold snapshot"
+        await asyncio.sleep(0.05)
+    assert state == {**before, "snapshot_epoch": 1}
+    kinds = await asyncio.to_thread(record_kinds, served.config.data_dir, 0)
+    cold = [(create, write) for kind, create, write in kinds[3:] if kind == "snapshot"]
+    assert cold, kinds
+    assert all(create < write for create, write in cold)

@@ -78,6 +78,9 @@ async def test_the_five_rpcs_round_trip(serve, fmt):
     assert await api.results("write", body(g, (TOPIC, [write]))) == [
         {"partition": 0, "error_code": 0, "error_message": None}
     ]
+    # No delivery_complete_count (optional, -1): the stored value stays (§A.1 point 7).
+    no_count = write_entry(0, state_epoch=3, leader_epoch=2)
+    assert await api.codes("write", body(g, (TOPIC, [no_count]))) == [0]
     read = await api.results("read", body(g, (TOPIC, [read_entry(0, 2)])))
     assert read[0]["state_batches"] == [batch(100, 109, 1, 1), batch(110, 119, 0, 2)]
     summary = await api.results("read-summary", body(g, (TOPIC, [read_entry(0, -1)])))
