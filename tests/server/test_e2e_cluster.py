@@ -18,6 +18,7 @@ import pytest
 from protocol.routing import partition_for
 from tests.server.daemons import (
     TOPIC,
+    TOPIC_RFC4122,
     Api,
     Daemon,
     DaemonExited,
@@ -177,3 +178,23 @@ async def test_admin_state_on_the_wrong_node_names_the_owner(cluster):
             listing = await Api(session, daemon.url).request("GET", "/v1/admin/partitions")
             expected = [0, 1, 2, 3] if node == 0 else [4, 5, 6, 7]
             assert [p["partition"] for p in listing.body["partitions"]] == expected
+
+
+async def test_the_node_find_coordinator_names_is_the_one_that_serves_the_key(cluster):
+    """find-coordinator parses and hashes the key string; the RPCs route the request's
+    fields. Both must agree, also for group ids beyond ASCII (UTF-16 hashing) and a
+    topic id sent in its RFC 4122 spelling."""
+    async with aiohttp.ClientSession() as session:
+        apis = {node: Api(session, daemon.url) for node, daemon in cluster.items()}
+        for group in ("cluster", "größe", "\U0001f600-group", "g:with:colons"):
+            keys = [f"{group}:{TOPIC}:{p}" for p in range(6)]
+            reply = await apis[1].post("/v1/find-coordinator", {"keys": keys})
+            owners = [c["node_id"] for c in reply.body["coordinators"]]
+            if ":" in group:  # not a key Kafka can parse: 42 for each
+                assert {c["error_code"] for c in reply.body["coordinators"]} == {42}
+                continue
+            for node, api in apis.items():
+                entries = [init_entry(p, 1, 0) for p in range(6)]
+                answer = await api.rpc("initialize", body(group, (TOPIC_RFC4122, entries)))
+                codes = [r["error_code"] for r in answer["results"][0]["partitions"]]
+                assert codes == [0 if owner == node else 16 for owner in owners], (group, node)
