@@ -29,8 +29,6 @@ from tests.server.daemons import (
     write_entry,
 )
 
-RPCS = ("initialize", "read", "write", "delete", "read-summary")
-
 
 def _entry(rpc: str, partition: int = 0) -> dict[str, Any]:
     return {
@@ -60,7 +58,9 @@ def _with(obj: dict[str, Any], path: tuple[Any, ...], value: Any) -> dict[str, A
 
 
 # (rpc, path into the body, bad value (... = remove it), the field the message names)
-P0 = ("topics", 0, "partitions", 0)
+# The bad entry comes second: a server applying entries as it decodes them would have
+# applied the good first one before finding the error.
+P0 = ("topics", 0, "partitions", 1)
 BODY_ERRORS = [
     ("initialize", ("group_id",), ..., "group_id"),
     ("initialize", ("group_id",), "", "group_id"),
@@ -73,50 +73,50 @@ BODY_ERRORS = [
     ("read", ("topics", 0, "topic_id"), None, "topics[0].topic_id"),
     ("delete", ("topics", 0, "partitions"), ..., "topics[0].partitions"),
     ("delete", ("topics", 0, "partitions"), "0", "topics[0].partitions"),
-    ("delete", (*P0,), 0, "topics[0].partitions[0]"),
-    ("delete", (*P0, "partition"), True, "topics[0].partitions[0].partition"),
-    ("read", (*P0, "partition"), 1.0, "topics[0].partitions[0].partition"),
-    ("read", (*P0, "partition"), "1", "topics[0].partitions[0].partition"),
-    ("read", (*P0, "partition"), 2**31, "topics[0].partitions[0].partition"),
-    ("read", (*P0, "leader_epoch"), ..., "topics[0].partitions[0].leader_epoch"),
-    ("read-summary", (*P0, "leader_epoch"), -(2**31) - 1, "topics[0].partitions[0].leader_epoch"),
-    ("initialize", (*P0, "state_epoch"), ..., "topics[0].partitions[0].state_epoch"),
-    ("initialize", (*P0, "start_offset"), 2**63, "topics[0].partitions[0].start_offset"),
-    ("initialize", (*P0, "start_offset"), None, "topics[0].partitions[0].start_offset"),
-    ("write", (*P0, "state_batches"), ..., "topics[0].partitions[0].state_batches"),
-    ("write", (*P0, "state_batches"), {}, "topics[0].partitions[0].state_batches"),
-    ("write", (*P0, "state_batches", 0), [0, 1, 0, 1], "topics[0].partitions[0].state_batches[0]"),
+    ("delete", (*P0,), 0, "topics[0].partitions[1]"),
+    ("delete", (*P0, "partition"), True, "topics[0].partitions[1].partition"),
+    ("read", (*P0, "partition"), 1.0, "topics[0].partitions[1].partition"),
+    ("read", (*P0, "partition"), "1", "topics[0].partitions[1].partition"),
+    ("read", (*P0, "partition"), 2**31, "topics[0].partitions[1].partition"),
+    ("read", (*P0, "leader_epoch"), ..., "topics[0].partitions[1].leader_epoch"),
+    ("read-summary", (*P0, "leader_epoch"), -(2**31) - 1, "topics[0].partitions[1].leader_epoch"),
+    ("initialize", (*P0, "state_epoch"), ..., "topics[0].partitions[1].state_epoch"),
+    ("initialize", (*P0, "start_offset"), 2**63, "topics[0].partitions[1].start_offset"),
+    ("initialize", (*P0, "start_offset"), None, "topics[0].partitions[1].start_offset"),
+    ("write", (*P0, "state_batches"), ..., "topics[0].partitions[1].state_batches"),
+    ("write", (*P0, "state_batches"), {}, "topics[0].partitions[1].state_batches"),
+    ("write", (*P0, "state_batches", 0), [0, 1, 0, 1], "topics[0].partitions[1].state_batches[0]"),
     (
         "write",
         (*P0, "state_batches", 0, "delivery_count"),
         2**15,
-        "topics[0].partitions[0].state_batches[0].delivery_count",
+        "topics[0].partitions[1].state_batches[0].delivery_count",
     ),
     (
         "write",
         (*P0, "state_batches", 0, "delivery_state"),
         128,
-        "topics[0].partitions[0].state_batches[0].delivery_state",
+        "topics[0].partitions[1].state_batches[0].delivery_state",
     ),
     (
         "write",
         (*P0, "state_batches", 0, "first_offset"),
         False,
-        "topics[0].partitions[0].state_batches[0].first_offset",
+        "topics[0].partitions[1].state_batches[0].first_offset",
     ),
     (
         "write",
         (*P0, "state_batches", 0, "last_offset"),
         ...,
-        "topics[0].partitions[0].state_batches[0].last_offset",
+        "topics[0].partitions[1].state_batches[0].last_offset",
     ),
     (
         "write",
         (*P0, "delivery_complete_count"),
         0.5,
-        "topics[0].partitions[0].delivery_complete_count",
+        "topics[0].partitions[1].delivery_complete_count",
     ),
-    ("write", (*P0, "leader_epoch"), "3", "topics[0].partitions[0].leader_epoch"),
+    ("write", (*P0, "leader_epoch"), "3", "topics[0].partitions[1].leader_epoch"),
 ]
 
 
@@ -137,7 +137,7 @@ async def test_body_errors_answer_400_naming_the_field_and_apply_nothing(
         "delete": part(1),
         "read-summary": read_entry(1),
     }[rpc]
-    obj = _with(_topic([_entry(rpc), good]), path, value)
+    obj = _with(_topic([good, _entry(rpc)]), path, value)
     reply = await api.rpc_reply(rpc, obj)
     assert reply.status == 400, reply.body
     assert reply.format == fmt
@@ -260,10 +260,15 @@ async def test_a_chunked_body_over_the_limit_answers_413(serve, fmt):
     assert ok.status == 200, ok.body
     big = _padded(fmt, LIMIT * 3)
     async with api.session.post(api.base_url + path, data=chunks(big), headers=headers) as resp:
-        assert resp.headers.get("Content-Length") is not None or resp.status
+        # No Content-Length went out: only reading the body can find it too large.
+        assert resp.request_info.headers.get("Transfer-Encoding") == "chunked"
+        assert "Content-Length" not in resp.request_info.headers
         raw = await resp.read()
         assert resp.status == 413
-        assert decode(raw, resp.content_type)["error_code"] == 42
+        assert resp.content_type == MEDIA[fmt]
+        error = decode(raw, resp.content_type)
+        assert error["error_code"] == 42
+        assert "max-body-bytes" in error["error_message"]
 
 
 @pytest.mark.parametrize(
