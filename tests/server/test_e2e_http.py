@@ -555,3 +555,24 @@ async def test_the_default_body_limit_is_4_mib(serve, fmt):
     assert ok.status == 200
     reply = await api.request("POST", path, data=io.BytesIO(bodies[1]), headers=headers)
     assert (reply.status, reply.body["error_code"]) == (413, 42)
+
+
+async def test_a_bug_answers_500_with_code_minus_1_and_is_logged_with_a_trace(serve, fmt, caplog):
+    """UNKNOWN_SERVER_ERROR (-1) is "a bug; logged with a trace": make the service fail."""
+    served = await serve()
+    service = served.coordinator.require_service()
+
+    async def broken(request: Any) -> Any:
+        raise RuntimeError("a bug in the service")
+
+    service.handle = broken  # type: ignore[method-assign]
+    with caplog.at_level("ERROR", logger="sharecoord.http"):
+        reply = await served.api(fmt).rpc_reply("read", _topic([read_entry(0)]))
+    assert reply.status == 500
+    assert reply.format == fmt
+    assert reply.body == {
+        "error_code": -1,
+        "error_message": "The server experienced an unexpected error when processing the request.",
+    }
+    assert "a bug in the service" in caplog.text
+    assert any(record.exc_info for record in caplog.records)
