@@ -18,26 +18,37 @@ import uvloop
 from aiohttp import web
 
 from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
+from server.catalog import CatalogError
 from server.cluster import ClusterMap
 from server.config import ServeConfig
 from server.http import COORDINATOR, create_app
-from server.security import load_token, server_ssl_context
+from server.security import SecurityError, load_token, server_ssl_context
 
 _log = logging.getLogger("sharecoord.daemon")
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+class ListenError(Exception):
+    """The listen address cannot be bound (in use, not ours, no permission)."""
 
 
 def run_server(config: ServeConfig) -> int:
     """Serve until told to stop; returns the process exit code."""
     # Files are read here, before the loop exists, so nothing blocks it later.
-    token = load_token(config.auth_token_file) if config.auth_token_file else None
-    ssl_context = (
-        server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
-        if config.tls_cert and config.tls_key
-        else None
-    )
+    try:
+        token = load_token(config.auth_token_file) if config.auth_token_file else None
+        ssl_context = (
+            server_ssl_context(config.tls_cert, config.tls_key, config.tls_client_ca)
+            if config.tls_cert and config.tls_key
+            else None
+        )
+    except SecurityError as exc:
+        # A token or TLS file that cannot be used is a usage error, as a bad flag is.
+        print(f"sharecoord serve: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     fs: FileOps | None = None
     if os.environ.get(FAILPOINTS_ENV):
         # Fault injection for the reliability suite; never set in production.
@@ -46,9 +57,10 @@ def run_server(config: ServeConfig) -> int:
     app = create_app(config, config.cluster_map, token=token, fs=fs)
     try:
         return uvloop.run(_serve(app, config, ssl_context))
-    except LogError as exc:
-        # The data directory is locked by another process, or was made for another
-        # partition count: say so plainly, no trace.
+    except (LogError, CatalogError, ListenError) as exc:
+        # The data directory is locked by another process, was made for another
+        # partition count or holds an unreadable topic catalog, or the address is taken:
+        # say so plainly, no trace.
         print(f"sharecoord serve: {exc}", file=sys.stderr)
         return EXIT_FAILURE
 
@@ -56,6 +68,12 @@ def run_server(config: ServeConfig) -> int:
 async def _serve(
     app: web.Application, config: ServeConfig, ssl_context: ssl.SSLContext | None
 ) -> int:
+    # Signals first: once the "listening" line is out (or even while the log opens),
+    # SIGTERM must mean a clean stop, never the default death of the process.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
     runner = web.AppRunner(
         app,
         handle_signals=False,
@@ -66,7 +84,12 @@ async def _serve(
     await runner.setup()
     try:
         site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            raise ListenError(
+                f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+            ) from exc
         host, port = _bound_address(runner, config)
         coordinator = app[COORDINATOR]
         if config.cluster is None and port != config.port:
@@ -75,10 +98,6 @@ async def _serve(
         scheme = "https" if ssl_context else "http"
         _log.info("listening on %s://%s:%d", scheme, host, port)
         print(f"sharecoord listening on {scheme}://{host}:{port}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
         await stop.wait()
         _log.info("stopping: no new connections; finishing the requests in flight")
     finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -26,6 +27,7 @@ from protocol.topic_id import canonical_topic_id
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
+from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import ShareCoordinatorMetrics
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
@@ -90,6 +92,12 @@ def _accept_format(request: web.Request) -> Format:
     return codec.response_format("application/json", request.headers.get("Accept"))
 
 
+def _answer_format(request: web.Request) -> Format:
+    """Format of an answer given before (or instead of) a handler: the request's format
+    when its Content-Type names one, else JSON; Accept may ask for the other (API.md)."""
+    return codec.response_format(request.headers.get("Content-Type"), request.headers.get("Accept"))
+
+
 # --- middlewares ----------------------------------------------------------------------
 
 _STATUS_CODES = {
@@ -114,13 +122,18 @@ async def errors_middleware(
         if exc.status < 400:
             raise
         code = _STATUS_CODES.get(exc.status, errors.UNKNOWN_SERVER_ERROR)
-        response = error_response(exc.status, code, _describe_http_error(request, exc))
+        response = error_response(
+            exc.status, code, _describe_http_error(request, exc), _answer_format(request)
+        )
     except asyncio.CancelledError:
         raise
     except Exception:
         _log.exception("unhandled error serving %s %s", request.method, request.path)
         response = error_response(
-            500, errors.UNKNOWN_SERVER_ERROR, errors.UnknownServerError.default_message or ""
+            500,
+            errors.UNKNOWN_SERVER_ERROR,
+            errors.UnknownServerError.default_message or "",
+            _answer_format(request),
         )
     if response.status >= 400:
         coordinator.metrics.http_errors.labels(response.status).inc()
@@ -139,23 +152,25 @@ def _describe_http_error(request: web.Request, exc: web.HTTPException) -> str:
 async def auth_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    token = request.app[COORDINATOR].token
+    coordinator = request.app[COORDINATOR]
+    token = coordinator.token
     if (
         token is not None
         and request.path.startswith("/v1/")
         and not check_bearer(request.headers.get("Authorization"), token)
     ):
+        rpc_name = _RPC_PATHS.get(request.path)
+        if rpc_name is not None:
+            coordinator.metrics.rpc_requests.labels(
+                rpc_name, errors.CLUSTER_AUTHORIZATION_FAILED
+            ).inc()
         return error_response(
             401,
             errors.CLUSTER_AUTHORIZATION_FAILED,
             errors.ClusterAuthorizationFailed.default_message or "",
-            _format_or_json(request),
+            _answer_format(request),
         )
     return await handler(request)
-
-
-def _format_or_json(request: web.Request) -> Format:
-    return codec.format_of(request.headers.get("Content-Type")) or Format.JSON
 
 
 # --- request bodies -------------------------------------------------------------------
@@ -171,28 +186,32 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
             errors.INVALID_REQUEST,
             f"unsupported Content-Type {content_type!r}: use application/msgpack or "
             "application/json",
-            Format.JSON,
+            _answer_format(request),
         )
     out = codec.response_format(content_type, request.headers.get("Accept"))
-    limit = request.app[COORDINATOR].config.max_body_bytes
+    config = request.app[COORDINATOR].config
+    limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out)
-    timeout = request.app[COORDINATOR].config.request_timeout_s
+    timeout = config.request_timeout_s
     try:
         if request.content.is_eof():
             body = await request.read()  # all there already: no deadline needed
         else:
+            # A client that stops sending must not hold the connection and this handler
+            # forever (aiohttp itself only times out idle keep-alive connections).
             body = await asyncio.wait_for(request.read(), timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
     except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
-        # A client that trickles its body holds a connection; cut it off.
-        raise _HTTPError(
+        error = _HTTPError(
             408,
             errors.INVALID_REQUEST,
-            f"the request body did not arrive within {timeout:g}s (--request-timeout-s)",
+            f"the request body did not arrive within {timeout:g} seconds (--request-timeout-s)",
             out,
-        ) from None
+        )
+        error.response.force_close()  # what is left of the body is never read
+        raise error from None
     return body, fmt, out
 
 
@@ -232,6 +251,9 @@ def _service_error(exc: ServiceError, fmt: Format) -> web.Response:
 # --- handlers -------------------------------------------------------------------------
 
 
+_RPC_PATHS = {f"/v1/share-group-state/{rpc.value}": rpc.value for rpc in Rpc}
+
+
 def _rpc_handler(rpc: Rpc) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     name = rpc.value
 
@@ -240,7 +262,11 @@ def _rpc_handler(rpc: Rpc) -> Callable[[web.Request], Awaitable[web.StreamRespon
         coordinator = request.app[COORDINATOR]
         metrics = coordinator.metrics
         started = time.perf_counter()
-        body, fmt, out = await _read_body(request)
+        try:
+            body, fmt, out = await _read_body(request)
+        except _HTTPError:  # 413 / 415: refused bodies, as a 400 is
+            metrics.rpc_requests.labels(name, errors.INVALID_REQUEST).inc()
+            raise
         try:
             decoded = codec.decode_request(rpc, body, fmt, coordinator.limits)
         except BodyError as exc:
@@ -274,7 +300,7 @@ async def handle_admin_state(request: web.Request) -> web.StreamResponse:
     try:
         group_id = _query_str(query, "group_id")
         spelled = _query_str(query, "topic_id")
-        topic_id = canonical_topic_id(spelled)
+        topic_id = _query_topic_id(spelled)
         partition = _query_int32(query, "partition")
     except ValueError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), fmt)
@@ -293,6 +319,16 @@ async def handle_admin_state(request: web.Request) -> web.StreamResponse:
     return _respond(codec.encode_admin_state(replace(state, topic_id=spelled), fmt), fmt)
 
 
+_DECIMAL = re.compile(r"-?[0-9]+")
+
+
+def _query_topic_id(spelled: str) -> str:
+    try:
+        return canonical_topic_id(spelled)
+    except ValueError as exc:
+        raise ValueError(f"query parameter topic_id: {exc}, got {spelled!r}") from None
+
+
 def _query_str(query: Any, name: str) -> str:
     value = query.get(name)
     if value is None or value == "":
@@ -302,7 +338,7 @@ def _query_str(query: Any, name: str) -> str:
 
 def _query_int32(query: Any, name: str) -> int:
     text = _query_str(query, name)
-    if not text.lstrip("-").isdigit() or not text.isascii():
+    if not _DECIMAL.fullmatch(text):
         raise ValueError(f"query parameter {name} must be an integer, got {text!r}")
     value = int(text)
     if not -(2**31) <= value < 2**31:
@@ -366,7 +402,7 @@ async def handle_readyz(request: web.Request) -> web.StreamResponse:
 
 async def handle_metrics(request: web.Request) -> web.StreamResponse:
     text = request.app[COORDINATOR].metrics.render()
-    return web.Response(text=text, content_type="text/plain", charset="utf-8")
+    return web.Response(body=text.encode("utf-8"), headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 # --- lifecycle ------------------------------------------------------------------------
@@ -446,6 +482,8 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         try:
             yield
         finally:
+            for runtime in runtimes.values():
+                runtime.stop()  # replays in threads end now, not when the log does
             loading.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
@@ -503,8 +541,8 @@ def create_app(
     )
     app[COORDINATOR] = coordinator
     app.cleanup_ctx.append(coordinator_ctx)
-    for rpc in Rpc:
-        app.router.add_post(f"/v1/share-group-state/{rpc.value}", _rpc_handler(rpc))
+    for path, rpc_name in _RPC_PATHS.items():
+        app.router.add_post(path, _rpc_handler(Rpc(rpc_name)))
     app.router.add_post("/v1/find-coordinator", handle_find_coordinator)
     app.router.add_get("/v1/admin/state", handle_admin_state)
     app.router.add_put("/v1/admin/topics", handle_register_topic)

@@ -55,6 +55,10 @@ class LoadError(Exception):
     """A partition's log could not be replayed (damage, or a record that is no record)."""
 
 
+class LoadStopped(Exception):
+    """A replay gave up because the runtime is closing (the daemon is stopping)."""
+
+
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -103,6 +107,8 @@ class PartitionRuntime:
         started = time.perf_counter()
         try:
             await asyncio.to_thread(self._open_and_replay)
+        except LoadStopped:
+            return
         except Exception as exc:
             self._set_status(Status.FAILED, _describe_failure(exc))
             _log.error("state partition %d failed to load: %s", self.partition, self.error)
@@ -123,8 +129,25 @@ class PartitionRuntime:
 
     def _open_and_replay(self) -> None:
         shard = self._new_shard()
-        self.log.open(on_record=_replayer(shard, self.partition))
+        self.log.open(on_record=self._unless_closing(_replayer(shard, self.partition)))
         self.shard = shard
+
+    def _unless_closing(self, replay: Callable[[LogRecord], None]) -> Callable[[LogRecord], None]:
+        """``replay`` that gives up at the next record once ``close`` (or ``stop``) was
+        called: a replay runs in a thread that cancelling its task does not stop, and a
+        large log would otherwise hold the shutdown (and the log's lock) until it ends."""
+
+        def replay_unless_closing(frame: LogRecord) -> None:
+            if self._closing:
+                _log.info(
+                    "state partition %d: loading stopped at offset %d: the daemon is stopping",
+                    self.partition,
+                    frame.offset,
+                )
+                raise LoadStopped(self.partition)
+            replay(frame)
+
+        return replay_unless_closing
 
     # --- operations -------------------------------------------------------------------
 
@@ -181,6 +204,8 @@ class PartitionRuntime:
             attempt += 1
             try:
                 await asyncio.to_thread(self._reset_and_replay)
+            except LoadStopped:
+                return
             except Exception as exc:
                 self.error = f"reload attempt {attempt} failed: {_describe_failure(exc)}"
                 _log.warning("state partition %d: %s", self.partition, self.error)
@@ -201,10 +226,15 @@ class PartitionRuntime:
         # never acknowledged can come back as state.
         self.log.reset_to_durable()
         shard = self._new_shard()
-        replay = _replayer(shard, self.partition)
+        replay = self._unless_closing(_replayer(shard, self.partition))
         for record in self.log.read(0):
             replay(record)
         self.shard = shard
+
+    def stop(self) -> None:
+        """Stop loading and recovering: a replay running in a thread ends at its next
+        record. Synchronous, so a shutdown can say it before cancelling anything."""
+        self._closing = True
 
     async def close(self) -> None:
         self._closing = True

@@ -1,0 +1,156 @@
+"""Fixtures of the end-to-end tests: the daemon in process behind a real socket, real
+daemon processes, and the test PKI (made with the openssl CLI, as test_security does)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ssl
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+
+from persistence import FileOps
+from server.cluster import ClusterMap
+from server.config import ServeConfig, load_serve_config
+from server.http import COORDINATOR, Coordinator, create_app
+from tests.server.daemons import FORMATS, Api, Daemon, start_daemon
+
+# The session PKI of test_security (CA, server and client certificates), shared.
+from tests.server.test_security import pki  # noqa: F401
+
+
+@pytest.fixture(params=FORMATS)
+def fmt(request: pytest.FixtureRequest) -> str:
+    """Both body formats of API.md: every test using it runs in JSON and in msgpack."""
+    return str(request.param)
+
+
+# --- the app in this process, on a real loopback socket ------------------------------------
+
+
+@dataclass
+class Served:
+    """One app served by aiohttp's TestServer on 127.0.0.1, with a client session."""
+
+    config: ServeConfig
+    app: web.Application
+    server: TestServer
+    session: aiohttp.ClientSession
+    token: str | None
+
+    @property
+    def url(self) -> str:
+        return str(self.server.make_url("/")).rstrip("/")
+
+    @property
+    def coordinator(self) -> Coordinator:
+        return self.app[COORDINATOR]
+
+    def api(self, fmt: str = "json", *, token: str | None = None) -> Api:
+        return Api(self.session, self.url, fmt, token=token if token is not None else self.token)
+
+
+ServeFactory = Callable[..., Awaitable[Served]]
+
+
+def serve_flags(data_dir: Path, flags: dict[str, Any]) -> argparse.Namespace:
+    """Flags as the CLI gives them (text), for ``load_serve_config``."""
+    values = {"data_dir": str(data_dir), "listen": "127.0.0.1:0", "partitions": 8}
+    values.update(flags)
+    return argparse.Namespace(
+        **{k: v if isinstance(v, bool) else str(v) for k, v in values.items()}
+    )
+
+
+@pytest.fixture
+async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
+    """``await serve(**flags)``: build the app with ``create_app`` from ``serve`` flags,
+    serve it on 127.0.0.1, and wait until /readyz says ready (unless ``ready=False``)."""
+    started: list[Served] = []
+
+    async def start(
+        *,
+        data_dir: Path | None = None,
+        token: str | None = None,
+        fs: FileOps | None = None,
+        ready: bool = True,
+        **flags: Any,
+    ) -> Served:
+        directory = data_dir or tmp_path / f"data{len(started)}"
+        # Reads the cluster file if one is given: off the loop.
+        config = await asyncio.to_thread(load_serve_config, serve_flags(directory, flags), {})
+        app = create_app(
+            config,
+            config.cluster_map,
+            token=token.encode() if token is not None else None,
+            fs=fs,
+        )
+        server = TestServer(app, host="127.0.0.1", port=0)
+        await server.start_server()
+        if config.cluster is None:
+            # As the daemon does for --listen :0: advertise the port actually bound.
+            app[COORDINATOR].rebind(
+                ClusterMap.single(config.node_id, "127.0.0.1", server.port, config.partitions)
+            )
+        served = Served(config, app, server, aiohttp.ClientSession(), token)
+        started.append(served)
+        if ready:
+            await served.api().wait_ready()
+        return served
+
+    yield start
+    for served in reversed(started):
+        await served.session.close()
+        await served.server.close()
+
+
+# --- daemons in child processes -------------------------------------------------------------
+
+
+@pytest.fixture
+def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
+    """Every daemon a test starts goes in this list; whatever still runs at the end is
+    killed (and its stderr shown when the test failed)."""
+    started: list[Daemon] = []
+    yield started
+    for daemon in started:
+        if daemon.process.poll() is None:
+            daemon.kill()
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, daemons: list[Daemon]) -> Callable[..., Awaitable[Daemon]]:
+    """``await spawn(data_dir, *flags, **kw)``: ``start_daemon`` off the loop, tracked;
+    then wait until /readyz says ready (unless ``ready=False``; ``ssl_context`` is the
+    client's for a TLS daemon)."""
+
+    async def start(
+        data_dir: str | Path,
+        *flags: str,
+        ready: bool = True,
+        ssl_context: ssl.SSLContext | None = None,
+        token: str | None = None,
+        **kwargs: Any,
+    ) -> Daemon:
+        kwargs.setdefault("log_dir", tmp_path / "logs")
+        daemon = await asyncio.to_thread(start_daemon, data_dir, *flags, **kwargs)
+        daemons.append(daemon)
+        if ready:
+            async with aiohttp.ClientSession() as session:
+                await Api(session, daemon.url, ssl_context=ssl_context, token=token).wait_ready()
+        return daemon
+
+    return start
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s

@@ -1,0 +1,236 @@
+"""A failing disk under a running daemon (SPEC §A "fsync failure", DESIGN.md).
+
+The daemon runs with ``SHARECOORD_FAILPOINTS`` naming a control file; a fault is armed for
+one state partition's directory while writes go to keys of that partition and of the
+others. The faulty partition's entries answer 15, the others succeed in the same
+request; once the fault is cleared the partition reloads from disk and serves again; and
+every acknowledged write is visible exactly while no write answered 15 ever is — also
+after a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.server.daemons import (
+    TOPIC,
+    Acknowledged,
+    Api,
+    body,
+    next_write,
+    partitions_in,
+    read_entry,
+    run_cli,
+)
+
+NUM_PARTITIONS = 4
+FAULTY = 1
+GROUP = "faults"
+MSG_NOT_AVAILABLE = "Share coordinator is not available."
+DEADLINE_S = 120.0  # a safety net, not a timing assertion
+
+FAULTS = {
+    "fsync EIO": {"op": "fsync", "errno": "EIO"},
+    "write ENOSPC": {"op": "write", "errno": "ENOSPC"},
+    "short write": {"op": "write", "errno": "EIO", "short_write": True},
+}
+
+
+def _write_control(path: Path, faults: list[dict[str, Any]]) -> None:
+    # Replaced atomically: the daemon never reads half a file.
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"faults": faults}))
+    os.replace(tmp, path)
+
+
+async def arm(path: Path, **rule: Any) -> None:
+    await asyncio.to_thread(_write_control, path, [rule])
+
+
+async def clear(path: Path) -> None:
+    await asyncio.to_thread(_write_control, path, [])
+
+
+def keys_by_partition() -> dict[int, list[int]]:
+    return {
+        p: partitions_in(p, NUM_PARTITIONS, group_id=GROUP, count=3) for p in range(NUM_PARTITIONS)
+    }
+
+
+async def write(
+    api: Api, model: Acknowledged, rng: random.Random, keys: list[int]
+) -> dict[int, int]:
+    """One write request for ``keys``; the model learns what was acknowledged. Returns
+    each key's error code."""
+    writes = {key: next_write(rng, key, model.acked[key]) for key in keys}
+    results = await api.results("write", body(GROUP, (TOPIC, [e for e, _ in writes.values()])))
+    codes = {}
+    for (key, (_, expected)), result in zip(writes.items(), results, strict=True):
+        assert result["partition"] == key
+        codes[key] = result["error_code"]
+        if result["error_code"] == 0:
+            model.acked[key] = expected
+            assert result["error_message"] is None
+        else:
+            assert result["error_code"] == 15, result
+            assert result["error_message"] == MSG_NOT_AVAILABLE
+    return codes
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+async def test_a_failing_partition_answers_15_recovers_and_loses_or_invents_nothing(
+    spawn, tmp_path, fault
+):
+    control = tmp_path / "failpoints.json"
+    data_dir = tmp_path / "data"
+    rng = random.Random(fault)
+    keys = keys_by_partition()
+    everything = [k for ks in keys.values() for k in ks]
+    model = Acknowledged(GROUP, everything)
+    env = {"SHARECOORD_FAILPOINTS": str(control)}
+    daemon = await spawn(data_dir, partitions=NUM_PARTITIONS, env=env)
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url, "msgpack")
+        assert set(await api.codes("initialize", model.init_body())) == {0}
+        for _ in range(3):
+            assert set((await write(api, model, rng, everything)).values()) == {0}
+
+        await arm(control, **FAULTS[fault], path_contains=f"partitions/{FAULTY}/", times=None)
+        # Entries of every partition in one request: the faulty one's fail alone.
+        for _ in range(3):
+            codes = await write(api, model, rng, everything)
+            assert {codes[k] for k in keys[FAULTY]} == {15}, codes
+            for p, ks in keys.items():
+                if p != FAULTY:
+                    assert {codes[k] for k in ks} == {0}, (p, codes)
+        if fault == "fsync EIO":
+            # Reloading needs an fsync too: the partition stays failed while the disk does.
+            ready = await api.readyz()
+            assert (ready.status, ready.body["failed_partitions"]) == (200, [FAULTY])
+            listing = await api.request("GET", "/v1/admin/partitions")
+            status = listing.body["partitions"][FAULTY]
+            assert status["status"] == "failed"
+            assert "EIO" in status["error"] or "Input/output" in status["error"]
+            reply = await api.admin_state(GROUP, TOPIC, keys[FAULTY][0])
+            assert (reply.status, reply.body["error_code"]) == (503, 15)
+
+        await clear(control)
+        deadline = time.monotonic() + DEADLINE_S
+        while (await write(api, model, rng, keys[FAULTY]))[keys[FAULTY][0]] != 0:
+            assert time.monotonic() < deadline, "the partition did not recover"
+            await asyncio.sleep(0.05)
+        assert set((await write(api, model, rng, everything)).values()) == {0}
+        ready = await api.readyz()
+        assert (ready.status, ready.body) == (200, {"status": "ready", "failed_partitions": []})
+        await model.check(api)
+
+    # After a restart (without faults): the same.
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    daemon = await spawn(data_dir, partitions=NUM_PARTITIONS)
+    async with aiohttp.ClientSession() as session:
+        await model.check(Api(session, daemon.url))
+    assert not model.unknown
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    verify = await asyncio.to_thread(run_cli, "log", "verify", "--data-dir", str(data_dir))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+async def test_a_single_failed_fsync_is_followed_by_recovery_on_its_own(spawn, tmp_path):
+    """``times: 1``: one fsync fails, the partition reloads by itself and serves again;
+    the write that failed is not there, the ones before and after are."""
+    control = tmp_path / "failpoints.json"
+    rng = random.Random(3)
+    keys = keys_by_partition()
+    model = Acknowledged(GROUP, keys[FAULTY])
+    daemon = await spawn(
+        tmp_path / "data", partitions=NUM_PARTITIONS, env={"SHARECOORD_FAILPOINTS": str(control)}
+    )
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url)
+        assert set(await api.codes("initialize", model.init_body())) == {0}
+        await write(api, model, rng, keys[FAULTY])
+        await arm(control, op="fsync", errno="EIO", path_contains=f"partitions/{FAULTY}/", times=1)
+        assert set((await write(api, model, rng, keys[FAULTY])).values()) == {15}
+        deadline = time.monotonic() + DEADLINE_S
+        while set((await write(api, model, rng, keys[FAULTY])).values()) != {0}:
+            assert time.monotonic() < deadline, "the partition did not recover"
+            await asyncio.sleep(0.05)
+        await model.check(api)
+
+
+async def test_no_answer_reveals_what_a_failed_fsync_did_not_make_durable(spawn, tmp_path):
+    """In one read request, a read that records a higher leader epoch and then a read
+    with a lower one: the second is fenced (74) by the first's record, which is not
+    durable yet. When that record's fsync fails, neither answer may show it: both
+    are 15. And concurrent readers of a key whose write is failing see the old state or
+    15, never the write."""
+    control = tmp_path / "failpoints.json"
+    rng = random.Random(4)
+    keys = keys_by_partition()
+    key, other = keys[FAULTY][0], keys[0][0]
+    model = Acknowledged(GROUP, [key, other])
+    daemon = await spawn(
+        tmp_path / "data", partitions=NUM_PARTITIONS, env={"SHARECOORD_FAILPOINTS": str(control)}
+    )
+    fault = {"op": "fsync", "errno": "EIO", "path_contains": f"partitions/{FAULTY}/"}
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url)
+        assert set(await api.codes("initialize", model.init_body())) == {0}
+        await write(api, model, rng, [key, other])
+
+        await arm(control, **fault, times=None)
+        reads = [read_entry(key, 5), read_entry(key, 4), read_entry(other, 5), read_entry(other, 4)]
+        results = await api.results("read", body(GROUP, (TOPIC, reads)))
+        assert [r["error_code"] for r in results] == [15, 15, 0, 74]
+        assert results[0]["state_batches"] == results[1]["state_batches"] == []
+        await clear(control)
+        await wait_recovered(api, key)
+        state = await api.state(GROUP, TOPIC, key)
+        assert state is not None
+        assert state["fencing"]["leader_epoch"] == 0  # the failed record is not there
+
+        for attempt in range(3):
+            await arm(control, **fault, times=None)
+            entry, failing = next_write(rng, key, model.acked[key])
+            writing = asyncio.ensure_future(api.results("write", body(GROUP, (TOPIC, [entry]))))
+            readers = [
+                api.results("read-summary", body(GROUP, (TOPIC, [read_entry(key)])))
+                for _ in range(20)
+            ] + [api.admin_state(GROUP, TOPIC, key) for _ in range(10)]
+            answers = await asyncio.gather(*readers)
+            assert (await writing)[0]["error_code"] == 15
+            for answer in answers:
+                if isinstance(answer, list):
+                    summary = answer[0]
+                    if summary["error_code"] == 0:
+                        assert summary["start_offset"] == model.acked[key].start_offset, attempt
+                    else:
+                        assert summary["error_code"] == 15
+                elif answer.status == 200:
+                    assert model.acked[key].matches(answer.body), attempt
+                    assert not failing.matches(answer.body)
+                else:
+                    assert (answer.status, answer.body["error_code"]) == (503, 15)
+            await clear(control)
+            await wait_recovered(api, key)
+        await model.check(api)
+
+
+async def wait_recovered(api: Api, key: int) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        summary = await api.results("read-summary", body(GROUP, (TOPIC, [read_entry(key)])))
+        if summary[0]["error_code"] == 0:
+            return
+        assert summary[0]["error_code"] == 15
+        assert time.monotonic() < deadline, "the partition did not recover"
+        await asyncio.sleep(0.05)

@@ -1,0 +1,226 @@
+"""The log's upkeep under a serving daemon (SPEC §A pruning and compaction, §A.1 12,
+DESIGN.md "Compaction and its swap").
+
+* Compaction: output staged the way the Spark job stages it (one ShareSnapshot per live
+  key of the sealed segments, with its fencing maxima) is committed by
+  ``POST /v1/admin/compaction/commit``; the state is the same before, after, after more
+  writes and after a restart.
+* Pruning: with a snapshot on every write the prune job deletes sealed segments below
+  the mark; the log start offset moves and the state stays the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+
+from persistence import encode_frame, list_segments, partition_dir, read_segment, write_staged
+from protocol.records import RecordDecoder, ShareSnapshot, encode_key, encode_value
+from protocol.replay import ShareStateMap
+from server.tools import iter_records
+from tests.server.daemons import (
+    TOPIC,
+    Acknowledged,
+    body,
+    next_write,
+    part,
+    partitions_in,
+    read_entry,
+    run_cli,
+)
+
+NUM_PARTITIONS = 2
+P = 1  # the state partition whose log is compacted or pruned
+GROUP = "upkeep"
+KEYS = partitions_in(P, NUM_PARTITIONS, group_id=GROUP, count=6)
+DEADLINE_S = 120.0
+
+
+def stage_compaction(data_dir: str, partition: int) -> str:
+    """Fold the sealed segments of a partition into one snapshot per key at the offset
+    of the key's last record (a tombstone stays a tombstone), and stage it."""
+    directory = partition_dir(data_dir, partition)
+    sealed = list_segments(directory)[:-1]
+    assert len(sealed) >= 2, sealed
+    state = ShareStateMap(500)
+    decoder = RecordDecoder()
+    last = {}
+    for segment in sealed:
+        for frame in read_segment(segment.path):
+            record = decoder.decode(frame.record_type, frame.key, frame.value)
+            state.replay(frame.offset, record)
+            last[record.key] = (frame.offset, frame.timestamp)
+    frames = []
+    for key, (offset, timestamp) in sorted(last.items(), key=lambda item: item[1]):
+        entry = state.get(key)
+        if entry is None:
+            frames.append(encode_frame(offset, timestamp, 0, encode_key(key), None))
+            continue
+        s = entry.state
+        snapshot = ShareSnapshot(
+            key,
+            s.snapshot_epoch,
+            s.state_epoch,
+            s.leader_epoch,
+            s.start_offset,
+            s.create_timestamp,
+            s.write_timestamp,
+            s.state_batches,
+            s.delivery_complete_count,
+            entry.leader_fence,
+            entry.state_fence,
+        )
+        frames.append(encode_frame(offset, timestamp, 0, encode_key(key), encode_value(snapshot)))
+    base = sealed[0].base_offset
+    write_staged(directory, base, frames, [s.path for s in sealed])
+    return f"{partition}/{base}"
+
+
+async def every_state(api, keys) -> dict[int, dict | None]:
+    return {k: await api.state(GROUP, TOPIC, k) for k in keys}
+
+
+async def some_writes(api, model: Acknowledged, rng: random.Random, rounds: int) -> None:
+    for _ in range(rounds):
+        writes = {k: next_write(rng, k, model.acked[k]) for k in model.acked}
+        entries = [entry for entry, _ in writes.values()]
+        assert set(await api.codes("write", body(GROUP, (TOPIC, entries)))) == {0}
+        model.acked.update({k: expected for k, (_, expected) in writes.items()})
+
+
+async def partition_status(api, partition: int) -> dict:
+    listing = await api.request("GET", "/v1/admin/partitions")
+    return listing.body["partitions"][partition]
+
+
+async def test_staged_compaction_is_committed_by_the_admin_endpoint(serve, fmt):
+    flags = {
+        "partitions": NUM_PARTITIONS,
+        "segment_bytes": 1024,
+        "compaction_commit_interval_ms": 600_000,
+        "prune_interval_ms": 600_000,
+    }
+    served = await serve(**flags)
+    api = served.api(fmt)
+    rng = random.Random(11)
+    live = KEYS[:-1]
+    model = Acknowledged(GROUP, live)
+    assert set(await api.codes("initialize", Acknowledged(GROUP, KEYS).init_body())) == {0}
+    await some_writes(api, model, rng, 15)
+    # A leader epoch recorded by a read, and a key deleted: both must survive the fold.
+    assert await api.codes("read", body(GROUP, (TOPIC, [read_entry(live[0], 7)]))) == [0]
+    assert await api.codes("delete", body(GROUP, (TOPIC, [part(KEYS[-1])]))) == [0]
+    await some_writes(api, model, rng, 5)
+    before = await every_state(api, KEYS)
+    assert before[live[0]]["fencing"]["leader_epoch"] == 7
+    segments_before = (await partition_status(api, P))["segments"]
+
+    data_dir = served.config.data_dir
+    name = await asyncio.to_thread(stage_compaction, data_dir, P)
+    reply = await api.request(
+        "POST", "/v1/admin/compaction/commit", headers={"Accept": f"application/{fmt}"}
+    )
+    assert reply.status == 200
+    assert reply.body == {"committed": [name], "stale": []}
+    status = await partition_status(api, P)
+    assert status["segments"] < segments_before
+    assert status["status"] == "active"
+    # Nothing changed in memory, and it keeps serving on top of the swapped log.
+    assert await every_state(api, KEYS) == before
+    await some_writes(api, model, rng, 5)
+    await model.check(api)
+    after = await every_state(api, KEYS)
+    # A restart replays the compacted log: the same state, fencing maxima included.
+    await served.server.close()
+    again = await serve(data_dir=data_dir, **flags)
+    assert await every_state(again.api(fmt), KEYS) == after
+    await again.server.close()
+    verify = await asyncio.to_thread(run_cli, "log", "verify", "--data-dir", str(data_dir))
+    assert verify.returncode == 0, verify.stdout
+
+
+async def test_pruning_moves_the_log_start_and_keeps_the_state(serve):
+    flags = {
+        "partitions": NUM_PARTITIONS,
+        "segment_bytes": 1024,
+        "prune_interval_ms": 50,
+        # Every write a snapshot: the prune mark follows the writes.
+        "snapshot_update_records_per_snapshot": 0,
+    }
+    served = await serve(**flags)
+    api = served.api("msgpack")
+    rng = random.Random(12)
+    model = Acknowledged(GROUP, KEYS)
+    assert set(await api.codes("initialize", model.init_body())) == {0}
+    await some_writes(api, model, rng, 20)
+    deadline = time.monotonic() + DEADLINE_S
+    while (await partition_status(api, P))["log_start_offset"] == 0:
+        assert time.monotonic() < deadline, "the prune job never pruned"
+        await asyncio.sleep(0.05)
+    await model.check(api)
+    text = await api.metrics()
+    assert f'sharecoord_last_pruned_offset{{partition="{P}"}}' in text
+    before = await every_state(api, KEYS)
+    await served.server.close()
+    again = await serve(data_dir=served.config.data_dir, **flags)
+    assert await every_state(again.api("msgpack"), KEYS) == before
+
+
+def record_kinds(data_dir: str, partition: int) -> list[tuple[str, int, int]]:
+    """(record type, create timestamp, write timestamp) of a partition's records."""
+    out = []
+    for _, record in iter_records(data_dir, partition):
+        if isinstance(record, ShareSnapshot):
+            out.append(("snapshot", record.create_timestamp, record.write_timestamp))
+        else:
+            out.append((type(record).__name__, 0, 0))
+    return out
+
+
+async def test_snapshot_cadence_follows_the_setting(serve):
+    """SPEC §A.1 14 with N = 2: after Initialize, 3 updates then a snapshot; then 2
+    updates between snapshots (the setting reaches the shards)."""
+    served = await serve(partitions=1, snapshot_update_records_per_snapshot=2)
+    api = served.api()
+    rng = random.Random(13)
+    model = Acknowledged(GROUP, [0])
+    assert await api.codes("initialize", model.init_body()) == [0]
+    await some_writes(api, model, rng, 7)
+    kinds = await asyncio.to_thread(record_kinds, served.config.data_dir, 0)
+    assert [kind for kind, _, _ in kinds] == [
+        "snapshot",
+        "ShareUpdate",
+        "ShareUpdate",
+        "ShareUpdate",
+        "snapshot",
+        "ShareUpdate",
+        "ShareUpdate",
+        "snapshot",
+    ]
+    await model.check(api)
+    state = await api.state(GROUP, TOPIC, 0)
+    assert state is not None
+    assert state["snapshot_epoch"] == 2
+
+
+async def test_cold_partition_snapshots_rewrite_a_key_written_by_updates(serve):
+    """SPEC §10: a key untouched for the cold interval gets a snapshot of its state,
+    snapshot epoch + 1 and a new write timestamp, and nothing else changes."""
+    served = await serve(partitions=1, cold_partition_snapshot_interval_ms=100)
+    api = served.api()
+    rng = random.Random(14)
+    model = Acknowledged(GROUP, [0])
+    assert await api.codes("initialize", model.init_body()) == [0]
+    await some_writes(api, model, rng, 2)
+    before = await api.state(GROUP, TOPIC, 0)
+    assert before is not None
+    deadline = time.monotonic() + DEADLINE_S
+    while (state := await api.state(GROUP, TOPIC, 0))["snapshot_epoch"] == 0:  # type: ignore[index]
+        assert time.monotonic() < deadline, "no cold snapshot"
+        await asyncio.sleep(0.05)
+    assert state == {**before, "snapshot_epoch": 1}
+    kinds = await asyncio.to_thread(record_kinds, served.config.data_dir, 0)
+    cold = [(create, write) for kind, create, write in kinds[3:] if kind == "snapshot"]
+    assert cold, kinds
+    assert all(create < write for create, write in cold)
