@@ -34,6 +34,7 @@ import asyncio
 import heapq
 import itertools
 import logging
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -46,6 +47,8 @@ _log = logging.getLogger("sharecoord.log")
 DEFAULT_COMMIT_THREADS = 4
 
 FailureCallback = Callable[[int, BaseException], None]
+# After each cycle: how many partitions it wrote, and each one's write + fsync seconds.
+CycleCallback = Callable[[int, list[float]], None]
 _Waiter = tuple[int, int, "asyncio.Future[None]"]  # offset, arrival order, future
 
 
@@ -57,6 +60,7 @@ class GroupCommitter:
         on_partition_failure: FailureCallback | None = None,
         commit_threads: int = DEFAULT_COMMIT_THREADS,
         linger_ms: float = 0,
+        on_cycle: CycleCallback | None = None,
     ) -> None:
         if commit_threads < 1:
             raise ValueError(f"commit_threads must be >= 1, got {commit_threads}")
@@ -66,6 +70,7 @@ class GroupCommitter:
         # a cycle, to gather more. 0 by default: appends arriving during an fsync already
         # share the next cycle, so a linger only adds latency unless the disk is very fast.
         self._linger_s = linger_ms / 1000
+        self._on_cycle = on_cycle
         self._log = log
         self._on_partition_failure = on_partition_failure
         self._commit_threads = commit_threads
@@ -193,9 +198,13 @@ class GroupCommitter:
             )
         )
         errors: list[BaseException | None] = [None] * len(batches)
+        durations: list[float] = []
         for lane, results in zip(order, lane_results, strict=True):
-            for index, error in zip(lane, results, strict=True):
+            for index, (error, seconds) in zip(lane, results, strict=True):
                 errors[index] = error
+                durations.append(seconds)
+        if self._on_cycle is not None:
+            self._on_cycle(len(batches), durations)
         return errors
 
     def _release(self, partition: int) -> None:
@@ -226,14 +235,18 @@ class GroupCommitter:
                 future.set_exception(DurabilityError(partition, cause))
 
 
-def _write_lane(batches: list[tuple[PartitionLog, PendingBatch]]) -> list[BaseException | None]:
-    """In a commit thread: write + fsync each batch in turn; a failure stays its own."""
-    errors: list[BaseException | None] = []
+def _write_lane(
+    batches: list[tuple[PartitionLog, PendingBatch]],
+) -> list[tuple[BaseException | None, float]]:
+    """In a commit thread: write + fsync each batch in turn; a failure stays its own.
+    Returns each batch's error (or None) and how long its write + fsync took."""
+    results: list[tuple[BaseException | None, float]] = []
     for log, batch in batches:
+        started = time.perf_counter()
         try:
             log.write_batch(batch)
         except BaseException as exc:  # reported per partition, never lost
-            errors.append(exc)
+            results.append((exc, time.perf_counter() - started))
         else:
-            errors.append(None)
-    return errors
+            results.append((None, time.perf_counter() - started))
+    return results

@@ -438,7 +438,10 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 runtime.on_durability_failure(cause)
 
         committer = GroupCommitter(
-            log, on_partition_failure=partition_failed, linger_ms=config.append_linger_ms
+            log,
+            on_partition_failure=partition_failed,
+            linger_ms=config.append_linger_ms,
+            on_cycle=_cycle_recorder(metrics),
         )
         for partition in owned:
             runtimes[partition] = PartitionRuntime(
@@ -494,6 +497,18 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
     finally:
         await asyncio.to_thread(log.close)
         _log.info("state log closed")
+
+
+def _cycle_recorder(metrics: ShareCoordinatorMetrics) -> Callable[[int, list[float]], None]:
+    partitions = metrics.group_commit_partitions
+    fsync = metrics.fsync_latency
+
+    def record(count: int, durations: list[float]) -> None:
+        partitions.observe(count)
+        for seconds in durations:
+            fsync.observe(seconds)
+
+    return record
 
 
 def _track(metrics: ShareCoordinatorMetrics, runtime: PartitionRuntime) -> None:

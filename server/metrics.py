@@ -369,7 +369,7 @@ class ShareCoordinatorMetrics:
         )
         self.fsync_latency = r.histogram(
             "sharecoord_fsync_duration_seconds",
-            "Duration of one fsync of a state partition's log.",
+            "Time to write and fdatasync one state partition's batch in a group commit.",
             buckets=LATENCY_BUCKETS,
         )
         self.group_commit_partitions = r.histogram(

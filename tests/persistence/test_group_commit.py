@@ -112,6 +112,25 @@ async def test_every_partition_dirty_in_a_cycle_is_fsynced_in_that_cycle(data_di
     await asyncio.to_thread(log.close)
 
 
+async def test_each_cycle_reports_its_partitions_and_their_write_times(data_dir: str) -> None:
+    log = await opened(data_dir, RecordingFileOps(), num_partitions=4)
+    cycles: list[tuple[int, list[float]]] = []
+    committer = GroupCommitter(log, on_cycle=lambda n, times: cycles.append((n, times)))
+    committer.start()
+    waits = []
+    for partition in (0, 2, 3):
+        (record,) = append_records(log.partition(partition), 1)
+        waits.append(committer.wait_durable(partition, record.offset))
+    await asyncio.gather(*waits)
+    assert len(cycles) == 1
+    count, times = cycles[0]
+    assert count == 3
+    assert len(times) == 3
+    assert all(seconds >= 0 for seconds in times)
+    await committer.close()
+    await asyncio.to_thread(log.close)
+
+
 async def test_a_waiter_resolves_only_once_its_offset_is_fsynced(data_dir: str) -> None:
     fs = GatedFileOps()
     log = await opened(data_dir, fs)

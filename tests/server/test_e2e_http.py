@@ -417,6 +417,10 @@ async def test_metrics_are_prometheus_text_and_move_with_a_write(serve, fmt):
     partition = partition_for("g", TOPIC, 0, 8)
     assert metric_value(after, "sharecoord_records_appended_total", partition=str(partition)) == 3
     assert metric_value(after, "sharecoord_keys", partition=str(partition)) == 1
+    # The group commit reports every cycle: a partition per cycle and its fsync time.
+    cycles = metric_value(after, "sharecoord_group_commit_partitions_count")
+    assert cycles >= 1
+    assert metric_value(after, "sharecoord_fsync_duration_seconds_count") >= cycles
     assert (
         metric_value(
             after, "sharecoord_partition_status", partition=str(partition), status="active"
