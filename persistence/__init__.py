@@ -1,7 +1,7 @@
 """The durable state log: segmented append-only files per state partition, group
 commit, crash recovery, readers, pruning and the compaction swap. Deals in bytes only."""
 
-from persistence.commit import DEFAULT_COMMIT_THREADS, GroupCommitter
+from persistence.commit import DEFAULT_COMMIT_THREADS, DurabilityBarrier, GroupCommitter
 from persistence.errors import (
     DurabilityError,
     LogCorruptionError,
@@ -56,6 +56,7 @@ __all__ = [
     "RECORD_TYPE_SHARE_UPDATE",
     "CorruptFrame",
     "Damage",
+    "DurabilityBarrier",
     "DurabilityError",
     "FaultInjectingFileOps",
     "FileOps",

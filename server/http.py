@@ -452,6 +452,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 metrics=metrics,
             )
             _track(metrics, runtimes[partition])
+        metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))
         service = CoordinatorService(
             runtimes=runtimes,
             committer=committer,
@@ -465,9 +466,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 compaction_commit_ms=config.compaction_commit_interval_ms,
                 state_retention_ms=config.state_retention_ms,
             ),
-            on_entry_result=lambda rpc, code: metrics.partition_results.labels(
-                rpc.value, code
-            ).inc(),
+            on_entry_results=_results_recorder(metrics),
             on_pruned=lambda partition, mark: metrics.last_pruned_offset.labels(partition).set(
                 mark
             ),
@@ -497,6 +496,16 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
     finally:
         await asyncio.to_thread(log.close)
         _log.info("state log closed")
+
+
+def _results_recorder(metrics: ShareCoordinatorMetrics) -> Callable[[Rpc, dict[int, int]], None]:
+    results = metrics.partition_results
+
+    def record(rpc: Rpc, codes: dict[int, int]) -> None:
+        for code, count in codes.items():
+            results.labels(rpc.value, code).inc(count)
+
+    return record
 
 
 def _cycle_recorder(metrics: ShareCoordinatorMetrics) -> Callable[[int, list[float]], None]:

@@ -37,15 +37,25 @@ GaugeCollector = Callable[[], Iterable[tuple[Sequence[object], float]]]
 
 
 class CounterChild:
-    __slots__ = ("value",)
+    __slots__ = ("_function", "value")
 
     def __init__(self) -> None:
         self.value: float = 0
+        self._function: Callable[[], float] | None = None
 
     def inc(self, amount: float = 1) -> None:
         if amount < 0:
             raise ValueError("a counter only goes up")
         self.value += amount
+
+    def set_function(self, function: Callable[[], float]) -> None:
+        """Read the value from ``function`` at every render instead: for counts kept as
+        plain ints on a hot path, where even a method call per event adds up. The
+        function must only ever go up."""
+        self._function = function
+
+    def get(self) -> float:
+        return self._function() if self._function is not None else self.value
 
 
 class GaugeChild:
@@ -168,9 +178,12 @@ class Counter(_Metric[CounterChild]):
     def inc(self, amount: float = 1) -> None:
         self._only.inc(amount)
 
+    def set_function(self, function: Callable[[], float]) -> None:
+        self._only.set_function(function)
+
     def samples(self) -> Iterator[tuple[str, Labels, Labels, float]]:
         for values, child in self._children.items():
-            yield "", self.labelnames, values, child.value
+            yield "", self.labelnames, values, child.get()
 
 
 class Gauge(_Metric[GaugeChild]):

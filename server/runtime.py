@@ -80,10 +80,12 @@ class PartitionRuntime:
         self._metadata = metadata
         self._now_ms = now_ms
         self._metrics = metrics or ShareCoordinatorMetrics()
-        # Bound once: the hot path only increments.
-        self._records_appended = self._metrics.records_appended.labels(partition)
-        self._bytes_appended = self._metrics.bytes_appended.labels(partition)
-        self._shard_writes = self._metrics.shard_writes
+        # Plain counts on the hot path; the metrics read them when scraped.
+        self.records_appended = 0
+        self.bytes_appended = 0
+        self.shard_writes = 0
+        self._metrics.records_appended.labels(partition).set_function(lambda: self.records_appended)
+        self._metrics.bytes_appended.labels(partition).set_function(lambda: self.bytes_appended)
         self.shard = self._new_shard()
         self.status = Status.LOADING
         self.error: str | None = None
@@ -162,7 +164,7 @@ class PartitionRuntime:
         kind = type(op)
         if kind is WriteOp or (kind is ReadOp and records):
             # Kafka's write-total: every write a shard handles, and leader-epoch reads.
-            self._shard_writes.inc()
+            self.shard_writes += 1
         if records:
             log = self.log
             now = self._now_ms()
@@ -173,8 +175,8 @@ class PartitionRuntime:
                 offset = log.append(record_type(record), key, value, now)
                 shard.replay(offset, record)
                 size += FRAME_OVERHEAD + len(key) + (len(value) if value is not None else 0)
-            self._records_appended.inc(len(records))
-            self._bytes_appended.inc(size)
+            self.records_appended += len(records)
+            self.bytes_appended += size
         return response
 
     def pending_offset(self) -> int | None:

@@ -98,7 +98,7 @@ class CoordinatorService:
         catalog: TopicCatalog,
         write_timeout_ms: int,
         intervals: JobIntervals,
-        on_entry_result: Callable[[Rpc, int], None] | None = None,
+        on_entry_results: Callable[[Rpc, dict[int, int]], None] | None = None,
         on_pruned: Callable[[int, int], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -110,7 +110,7 @@ class CoordinatorService:
         self.catalog = catalog
         self._write_timeout_s = write_timeout_ms / 1000
         self._intervals = intervals
-        self._on_entry_result = on_entry_result
+        self._on_entry_results = on_entry_results
         self._on_pruned = on_pruned
         self._monotonic = monotonic
         self._started_at = monotonic()
@@ -172,38 +172,42 @@ class CoordinatorService:
                     out[index] = _unavailable(
                         rpc, out[index].partition, errors.COORDINATOR_NOT_AVAILABLE
                     )
-        if self._on_entry_result is not None:
+        if self._on_entry_results is not None:
+            codes: dict[int, int] = {}
             for topic_result in results:
                 for r in topic_result.partitions:
-                    self._on_entry_result(rpc, r.error_code)
+                    codes[r.error_code] = codes.get(r.error_code, 0) + 1
+            self._on_entry_results(rpc, codes)
         return ShareGroupStateResponse(rpc, results)
 
     async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:
         """Wait until each partition's log is durable up to what was observed; return
-        the partitions whose commit failed or did not finish within the write timeout."""
-        waits: dict[asyncio.Future[None], int] = {}
+        the partitions whose commit failed or did not finish within the write timeout.
+        One barrier for the whole request, however many partitions it touched."""
+        targets = {}
+        runtimes = self.runtimes
         for state_partition in partitions:
-            offset = self.runtimes[state_partition].pending_offset()
+            offset = runtimes[state_partition].pending_offset()
             if offset is not None:
-                future = self.committer.wait_durable(state_partition, offset)
-                future.add_done_callback(_consume_exception)
-                waits[future] = state_partition
-        if not waits:
+                targets[state_partition] = offset
+        if not targets:
             return []
-        done, pending = await asyncio.wait(waits, timeout=self._write_timeout_s)
-        failed = [waits[f] for f in pending]
-        for future in done:
-            exc = future.exception()
-            if exc is not None:
-                if not isinstance(exc, DurabilityError):
-                    _log.error("unexpected durability failure: %r", exc)
-                failed.append(waits[future])
-        for future in pending:
+        barrier = self.committer.wait_durable_many(targets)
+        if not barrier.future.done():
+            await asyncio.wait((barrier.future,), timeout=self._write_timeout_s)
+        failed = list(barrier.failed)
+        for state_partition, error in barrier.failed.items():
+            if not isinstance(error, DurabilityError):
+                _log.error(
+                    "state partition %d: unexpected durability failure: %r", state_partition, error
+                )
+        if barrier.pending:
             _log.warning(
-                "state partition %d: commit did not finish within %.1fs; answering 15",
-                waits[future],
+                "state partitions %s: commit did not finish within %.1fs; answering 15",
+                sorted(barrier.pending),
                 self._write_timeout_s,
             )
+            failed += barrier.pending
         return failed
 
     def find_coordinator(self, request: FindCoordinatorRequest) -> FindCoordinatorResponse:
@@ -454,10 +458,3 @@ def _require_active(runtime: PartitionRuntime) -> None:
             errors.COORDINATOR_NOT_AVAILABLE,
             f"state partition {runtime.partition} is not available: {runtime.error}",
         )
-
-
-def _consume_exception(future: asyncio.Future[None]) -> None:
-    # A wait abandoned at the write timeout may still fail later; retrieve it so
-    # asyncio does not report an exception nobody looked at.
-    if not future.cancelled():
-        future.exception()

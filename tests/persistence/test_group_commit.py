@@ -197,6 +197,38 @@ async def test_a_failed_fsync_fails_exactly_that_partitions_waiters(data_dir: st
     assert (await asyncio.to_thread(verify, data_dir)).ok
 
 
+async def test_one_barrier_settles_every_partition_and_names_the_failed_one(
+    data_dir: str,
+) -> None:
+    fs = FaultInjectingFileOps()
+    log = await opened(data_dir, fs)
+    committer = GroupCommitter(log)
+    committer.start()
+    fs.fail("fsync", errno.EIO, path_contains="partitions/2/")
+    targets = {p: append_records(log.partition(p), 3)[-1].offset for p in range(3)}
+    barrier = committer.wait_durable_many(targets)
+    failed = await barrier.future
+    assert list(failed) == [2]
+    assert isinstance(failed[2], DurabilityError)
+    assert failed[2].cause.errno == errno.EIO
+    assert not barrier.pending
+    assert [log.partition(p).durable_end_offset for p in range(3)] == [3, 3, 0]
+    await committer.close()
+    await asyncio.to_thread(log.close)
+
+
+async def test_a_barrier_over_durable_offsets_is_done_at_once(data_dir: str) -> None:
+    log = await opened(data_dir, RecordingFileOps())
+    committer = GroupCommitter(log)
+    committer.start()
+    records = await append_and_wait(committer, log, 0, 2)
+    barrier = committer.wait_durable_many({0: records[-1].offset})
+    assert barrier.future.done()
+    assert barrier.future.result() == {}
+    await committer.close()
+    await asyncio.to_thread(log.close)
+
+
 async def test_waiters_appended_after_the_failed_batch_fail_too(data_dir: str) -> None:
     fs = GatedFileOps()
     log = await opened(data_dir, fs)
