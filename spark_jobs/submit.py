@@ -182,4 +182,7 @@ def job_environment(master: str) -> dict[str, str]:
         # Driver and executors must share a Python minor version: make both this one.
         env["PYSPARK_PYTHON"] = sys.executable
         env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        # Everything runs on this machine: bind to loopback (and skip the JVM's warning
+        # about the hostname resolving to it).
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     return env
