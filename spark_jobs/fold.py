@@ -12,12 +12,16 @@ Two phases per key, in one pass over the records in offset order:
    last snapshot matter only for the fencing maxima (SPEC §2, §4: leaderEpochMap is the
    highest leader epoch of any record, stateEpochMap the highest state epoch of any
    snapshot, both raised by the fence fields of §A). They are decoded just enough to
-   take those maxima — and checked as the record decoder checks them, so a log the
-   daemon cannot load is never "repaired" by compaction.
+   take those maxima, with the replay's own rules — and checked as the record decoder
+   checks them, so a log the daemon cannot load is never "repaired" by compaction.
 2. Full: the key's last snapshot and the updates after it are replayed through
-   ShareStateMap; the folded snapshot is that state verbatim, at the offset and
+   ShareStateMap onto an entry holding those fences, exactly as the daemon's replay
+   reaches them; the folded snapshot is the resulting state verbatim, at the offset and
    timestamp of the key's last record, with ``fence_leader_epoch`` /
-   ``fence_state_epoch`` the maxima over the whole history.
+   ``fence_state_epoch`` the resulting fences (the maxima over the whole history).
+
+Only the snapshot-update counter differs from a whole replay, as SPEC §A.1 point 12
+allows: the light phase does not count updates.
 
 Per key, by what its history ends with:
 
@@ -49,17 +53,25 @@ from protocol.records import (
     ShareSnapshot,
     encode_value,
 )
-from protocol.replay import ShareStateMap
+from protocol.replay import KeyState, ShareGroupOffset, ShareStateMap
+
+# The replay's own rules for the fence fields: the light phase must take the maxima
+# exactly as ShareStateMap does, None fences and all.
+from protocol.replay import _max_epoch as max_epoch
+from protocol.replay import _max_optional_epoch as max_optional_epoch
 from spark_jobs.sealed import RawRecord
 
 # The replay's snapshot-update counter is bookkeeping the fold does not keep (SPEC §A.1
 # point 12); any valid limit gives the same states.
 _RECORDS_PER_SNAPSHOT = 500
 
+# Stands in for a key's state before its tail replays: the tail starts with a snapshot,
+# which replaces it.
+_PLACEHOLDER = ShareGroupOffset(0, 0, 0, -1, 0, 0, [])
+
 # Value fields by position (protocol/records.py).
 _SNAPSHOT_FIELDS = 10
-_SNAPSHOT_STATE_EPOCH, _SNAPSHOT_LEADER_EPOCH, _SNAPSHOT_BATCHES = 1, 2, 6
-_SNAPSHOT_FENCE_LEADER, _SNAPSHOT_FENCE_STATE = 8, 9
+_STATE_EPOCH, _LEADER_EPOCH, _SNAPSHOT_BATCHES, _FENCE_LEADER, _FENCE_STATE = 1, 2, 6, 8, 9
 _UPDATE_FIELDS = 5
 _UPDATE_LEADER_EPOCH, _UPDATE_BATCHES = 1, 3
 
@@ -78,15 +90,15 @@ class FoldResult:
 
 
 class _KeyHistory:
-    """What the light phase keeps per key: the maxima before the tail, and the tail
-    (the key's last snapshot or tombstone and the records after it)."""
+    """What the light phase keeps per key: the fences of everything before the tail,
+    and the tail (the key's last snapshot or tombstone and the records after it)."""
 
-    __slots__ = ("leader_fence", "state_fence", "tail")
+    __slots__ = ("leader_fence", "present", "state_fence", "tail")
 
     def __init__(self, first: RawRecord) -> None:
-        # None: the key has no state before the tail (never had, or tombstoned).
-        self.leader_fence: int | None = None
-        self.state_fence: int | None = None
+        self.present = False  # whether the key has state before the tail
+        self.leader_fence: Any = None
+        self.state_fence: Any = None
         self.tail: list[RawRecord] = [first]
 
 
@@ -103,36 +115,43 @@ def fold_records(records: Iterable[RawRecord], *, tombstone_cutoff_ms: int) -> F
             histories[record[3]] = _KeyHistory(record)
         elif record[2] == UPDATE_RECORD_TYPE:
             history.tail.append(record)
-        else:
+        else:  # a snapshot or a tombstone replaces the state: the tail so far retires
             _retire_tail(history)
-            if record[4] is None:  # a tombstone: the key's history ends here
-                history.leader_fence = history.state_fence = None
             history.tail = [record]
     return _fold_tails(histories, tombstone_cutoff_ms)
 
 
 def _retire_tail(history: _KeyHistory) -> None:
-    """Phase 1: fold the tail into the maxima (a later snapshot replaces its state)."""
-    leader, state = history.leader_fence, history.state_fence
+    """Phase 1: replay the tail's effect on the fences, and nothing else. The rules are
+    ShareStateMap's (SPEC §4, §A), restated with its own helpers for the fence fields."""
+    present, leader, state = history.present, history.leader_fence, history.state_fence
     for record in history.tail:
         record_type, value = record[2], record[4]
         if record_type == SNAPSHOT_RECORD_TYPE:
-            if value is None:
-                leader = state = None
+            if value is None:  # a tombstone clears the key
+                present, leader, state = False, None, None
                 continue
             fields = _fields(value, _SNAPSHOT_FIELDS, _SNAPSHOT_BATCHES)
-            epoch = _max_epoch(fields[_SNAPSHOT_LEADER_EPOCH], fields[_SNAPSHOT_FENCE_LEADER])
-            leader = epoch if leader is None else _max_epoch(leader, epoch)
-            epoch = _max_epoch(fields[_SNAPSHOT_STATE_EPOCH], fields[_SNAPSHOT_FENCE_STATE])
-            state = epoch if state is None else _max_epoch(state, epoch)
+            leader_epoch, fence_leader = fields[_LEADER_EPOCH], fields[_FENCE_LEADER]
+            state_epoch, fence_state = fields[_STATE_EPOCH], fields[_FENCE_STATE]
+            if present:
+                leader = max_optional_epoch(leader, leader_epoch, fence_leader)
+                state = max_optional_epoch(state, state_epoch, fence_state)
+            else:
+                leader = max_epoch(leader_epoch, fence_leader)
+                state = max_epoch(state_epoch, fence_state)
+                present = True
         elif record_type == UPDATE_RECORD_TYPE:
             if value is None:
                 raise RecordDecodeError("a ShareUpdate record has a null value")
-            epoch = _fields(value, _UPDATE_FIELDS, _UPDATE_BATCHES)[_UPDATE_LEADER_EPOCH]
-            leader = epoch if leader is None else _max_epoch(leader, epoch)
+            leader_epoch = _fields(value, _UPDATE_FIELDS, _UPDATE_BATCHES)[_UPDATE_LEADER_EPOCH]
+            if present:
+                leader = max(leader, leader_epoch)
+            else:
+                present, leader, state = True, leader_epoch, None
         else:
             raise RecordDecodeError(f"unknown record type {record_type}")
-    history.leader_fence, history.state_fence = leader, state
+    history.present, history.leader_fence, history.state_fence = present, leader, state
 
 
 def _fields(value: bytes, count: int, batches_at: int) -> Any:
@@ -148,11 +167,6 @@ def _fields(value: bytes, count: int, batches_at: int) -> Any:
     return fields
 
 
-def _max_epoch(epoch: Any, fence: Any) -> Any:
-    """max() as the replay takes it: a missing fence (None) counts for nothing."""
-    return epoch if fence is None or fence < epoch else fence
-
-
 def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -> FoldResult:
     """Phase 2: replay each key's tail and emit what stands for it."""
     result = FoldResult()
@@ -163,15 +177,23 @@ def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -
         share_key = decoder.decode_key(key)
         tail = history.tail
         head = tail[0]
+        if history.present:
+            # The tail replays onto the key as the records before it left it: its
+            # fences (a snapshot replaces the rest, SPEC §4).
+            state_map.keys[share_key] = KeyState(
+                _PLACEHOLDER, history.leader_fence, history.state_fence
+            )
         # Every record of the tail is decoded and replayed, so checked as loading checks it.
         decoded = [decoder.decode(record_type, key, value) for _, _, record_type, _, value in tail]
         for (offset, *_), record in zip(tail, decoded, strict=True):
             state_map.replay(offset, record)
         if type(decoded[0]) is ShareSnapshot:
             entry = state_map.keys[share_key]
-            leader = _max_epoch(entry.leader_fence, history.leader_fence)
-            state_fence = _max_epoch(entry.state_fence, history.state_fence)
-            out.append(_folded_snapshot(tail, decoded[0], entry.state, leader, state_fence))
+            out.append(
+                _folded_snapshot(
+                    tail, decoded[0], entry.state, entry.leader_fence, entry.state_fence
+                )
+            )
             result.snapshots += 1
         elif head[2] == SNAPSHOT_RECORD_TYPE and len(tail) == 1:  # a tombstone, last
             if head[1] < tombstone_cutoff_ms:
@@ -189,7 +211,11 @@ def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -
 
 
 def _folded_snapshot(
-    tail: list[RawRecord], head: ShareSnapshot, state: Any, leader_fence: int, state_fence: int
+    tail: list[RawRecord],
+    head: ShareSnapshot,
+    state: ShareGroupOffset,
+    leader_fence: int,
+    state_fence: int | None,
 ) -> RawRecord:
     if len(tail) == 1 and (head.fence_leader_epoch, head.fence_state_epoch) == (
         leader_fence,
