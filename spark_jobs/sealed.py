@@ -108,7 +108,9 @@ def _last_crc(buf: bytes, records: list[RawRecord]) -> int | None:
     return crc
 
 
-def _raise_damage(path: str, base_offset: int, after_offset: int, below_offset: int | None) -> NoReturn:
+def _raise_damage(
+    path: str, base_offset: int, after_offset: int, below_offset: int | None
+) -> NoReturn:
     scan = scan_segment(
         FileOps(), path, base_offset, after_offset=after_offset, below_offset=below_offset
     )
