@@ -480,7 +480,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
             spark.stop()
     kinds = ", ".join(f"{kind} {n}" for kind, n in sorted(report.violation_counts.items()))
     print(
-        f"audit: {report.partitions} partitions ({len(report.damaged)} unreadable), "
+        f"audit result: {report.partitions} partitions ({len(report.damaged)} unreadable), "
         f"{report.records} records, {len(report.share_partitions)} share-partitions, "
         f"{report.violations} violations{f' ({kinds})' if kinds else ''}; "
         f"report {page}; {time.monotonic() - started:.1f} s"
