@@ -1,9 +1,11 @@
 """Audit: replay the whole state log and check the delivery counts it holds.
 
 Run it with `sharecoord audit --data-dir DIR --out DIR [--delivery-limit N]`, or by hand
-(the zip holds the packages protocol, persistence and spark_jobs; `sharecoord audit`
-builds it):
+from the repository root, with a Python that has the project's dependencies as
+PYSPARK_PYTHON (the zip ships the pure packages to the executors; `sharecoord audit`
+does the same):
 
+    python3 -m zipfile -c sharecoord.zip protocol persistence spark_jobs
     spark-submit --master 'local[*]' --py-files sharecoord.zip \\
         spark_jobs/audit.py --data-dir /data --out /data/audit --delivery-limit 5
 

@@ -1,9 +1,11 @@
 """Compaction: fold each state partition's sealed segments into one segment holding one
 ShareSnapshot per live key, staged for the crash-safe swap (DESIGN.md, "Compaction").
 
-Run it with `sharecoord compact --data-dir DIR [--master URL]`, or by hand (the zip holds
-the packages protocol, persistence and spark_jobs; `sharecoord compact` builds it):
+Run it with `sharecoord compact --data-dir DIR [--master URL]`, or by hand from the
+repository root, with a Python that has the project's dependencies as PYSPARK_PYTHON
+(the zip ships the pure packages to the executors; `sharecoord compact` does the same):
 
+    python3 -m zipfile -c sharecoord.zip protocol persistence spark_jobs
     spark-submit --master 'local[*]' --py-files sharecoord.zip \\
         spark_jobs/compact.py --data-dir /data --tombstone-retention-ms 86400000
 
