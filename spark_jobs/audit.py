@@ -50,7 +50,7 @@ from protocol.batches import ACQUIRED, AVAILABLE, StateBatch
 from protocol.records import RecordDecodeError, RecordDecoder, ShareKey
 from protocol.replay import ShareGroupOffset, ShareStateMap
 from spark_jobs.audit_report import DETAIL_TABLE, SAMPLE_ROWS, write_report
-from spark_jobs.session import Progress, spark_session
+from spark_jobs.session import Progress, spark_session, task_count
 
 DEFAULT_DELIVERY_LIMIT = 5  # Kafka's group.share.delivery.count.limit
 MOST_REDELIVERED = 20
@@ -129,17 +129,27 @@ class PartitionAudit:
 # -- one partition (runs in an executor) -----------------------------------------------
 
 
+# A running daemon may prune or swap segments while they are read: read again.
+READ_ATTEMPTS = 3
+
+
 def audit_partition(data_dir: str, partition: int, delivery_limit: int) -> PartitionAudit:
     """Replay one state partition and audit every record's effect."""
-    audit = _Auditor(partition, delivery_limit)
-    decoder = RecordDecoder()
-    try:
-        for frame in read_partition(partition_dir(data_dir, partition)):
-            record = decoder.decode(frame.record_type, frame.key, frame.value)
-            audit.replay(frame.offset, record.key, record)
-    except (LogError, RecordDecodeError, OSError, TypeError, ValueError) as exc:
-        return PartitionAudit(partition, audit.records, f"{type(exc).__name__}: {exc}")
-    return audit.finish()
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        audit = _Auditor(partition, delivery_limit)
+        decoder = RecordDecoder()
+        try:
+            for frame in read_partition(partition_dir(data_dir, partition)):
+                record = decoder.decode(frame.record_type, frame.key, frame.value)
+                audit.replay(frame.offset, record.key, record)
+        except FileNotFoundError as exc:
+            if attempt == READ_ATTEMPTS:
+                return PartitionAudit(partition, audit.records, f"the log kept changing: {exc}")
+            continue
+        except (LogError, RecordDecodeError, OSError, TypeError, ValueError) as exc:
+            return PartitionAudit(partition, audit.records, f"{type(exc).__name__}: {exc}")
+        return audit.finish()
+    raise AssertionError("unreachable")
 
 
 class _Auditor:
@@ -409,7 +419,7 @@ def run_audit(
     with Progress(sc, "audit") as progress:
         progress.describe(f"replay and audit {num_partitions} state partitions")
         audits = (
-            sc.parallelize(range(num_partitions), num_partitions)
+            sc.parallelize(range(num_partitions), task_count(sc, num_partitions))
             .map(lambda p: audit_partition(data_dir, p, delivery_limit))
             .persist(StorageLevel.MEMORY_AND_DISK)
         )

@@ -9,15 +9,16 @@ repository root, with a Python that has the project's dependencies as PYSPARK_PY
     spark-submit --master 'local[*]' --py-files sharecoord.zip \\
         spark_jobs/compact.py --data-dir /data --tombstone-retention-ms 86400000
 
-State partitions are the unit of parallelism: one task per partition reads the sealed
-segments present when it starts (all but the newest, which the daemon appends to and
-which is never touched), folds them (spark_jobs/fold.py) and stages
-`<base>.cleaned` + `<base>.manifest` in DATA/partitions/<p>/compaction/. No record is
-shuffled: a partition's records never leave its task.
+State partitions are the unit of parallelism: each is handled whole by one task (a
+task takes a few partitions, session.TASKS_PER_CORE), which reads its sealed segments
+present when it starts (all but the newest, which the daemon appends to and which is
+never touched), folds them (spark_jobs/fold.py) and stages `<base>.cleaned` +
+`<base>.manifest` in DATA/partitions/<p>/compaction/. No record is shuffled: a
+partition's records never leave its task.
 
 Then the handshake: whoever holds DATA/LOCK commits. The driver tries to take it; if it
-can, it commits every staged output itself (one task per partition, while it holds the
-lock) and prints `committed: self`; if the daemon holds it, it prints `staged: the
+can, it commits every staged output itself (in tasks again, while it holds the lock)
+and prints `committed: self`; if the daemon holds it, it prints `staged: the
 running daemon commits it` (the daemon's periodic scan, or
 `POST /v1/admin/compaction/commit`). Then one summary line. Exit 0, or 1 if a partition
 could not be compacted (damage, or records the daemon could not load).
@@ -47,7 +48,7 @@ from persistence import (
 from protocol.records import RecordDecodeError
 from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.sealed import RawRecord, read_sealed_segment
-from spark_jobs.session import Progress, spark_session
+from spark_jobs.session import Progress, spark_session, task_count
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -190,7 +191,7 @@ def run_compaction(
     with out or Progress(sc, "compact") as progress:
         progress.describe(f"fold the sealed segments of {num_partitions} state partitions")
         results: list[PartitionCompaction] = (
-            sc.parallelize(range(num_partitions), num_partitions)
+            sc.parallelize(range(num_partitions), task_count(sc, num_partitions))
             .map(lambda p: compact_partition(data_dir, p, cutoff))
             .collect()
         )
@@ -228,7 +229,7 @@ def _commit_if_lock_is_free(
         # executors, which see the data directory at the same path.
         progress.describe(f"commit the staged output of {len(waiting)} state partitions")
         commits: list[CommitResult] = (
-            spark.sparkContext.parallelize(waiting, len(waiting))
+            spark.sparkContext.parallelize(waiting, task_count(spark.sparkContext, len(waiting)))
             .map(lambda p: commit_partition(data_dir, p))
             .collect()
         )

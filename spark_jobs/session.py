@@ -17,6 +17,11 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 POLL_SECONDS = 0.5
+# Spark tasks per executor core. A state partition is the unit of work, but a Spark task
+# costs tens of milliseconds of scheduling (far more on slow machines): grouping a few
+# partitions per task keeps that small, and a few tasks per core keep the cores busy
+# when partitions differ in size.
+TASKS_PER_CORE = 4
 # A stage's progress is printed at most this often (its start and end always are).
 PROGRESS_EVERY_SECONDS = 5.0
 
@@ -30,6 +35,11 @@ def spark_session(app_name: str) -> SparkSession:
     )
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+def task_count(sc: SparkContext, units: int) -> int:
+    """How many Spark tasks to spread `units` state partitions over."""
+    return max(1, min(units, TASKS_PER_CORE * sc.defaultParallelism))
 
 
 class Progress:

@@ -30,6 +30,7 @@ from typing import Any, TextIO
 from persistence import LogError, read_meta
 from server.config import AUDIT_SETTINGS, COMPACT_SETTINGS, add_arguments, load_settings
 
+EXIT_FAILURE = 1
 EXIT_USAGE = 2
 # Packages an executor imports: pure code, no server.
 SHIPPED_PACKAGES = ("protocol", "persistence", "spark_jobs")
@@ -105,7 +106,11 @@ def run_job(job: str, master: str, job_args: Sequence[str], out: TextIO | None =
     """spark-submit one job module; stream its output to `out`; return its exit code."""
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="sharecoord-spark-") as workdir:
-        command = submit_command(job, master, job_args, workdir)
+        try:
+            command = submit_command(job, master, job_args, workdir)
+        except FileNotFoundError as exc:
+            print(f"sharecoord {job}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
         with subprocess.Popen(
             command,
             stdout=subprocess.PIPE,

@@ -58,3 +58,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if here in Path(str(item.fspath)).parents:
             for spec in SPARK_WARNING_FILTERS:
                 item.add_marker(pytest.mark.filterwarnings(spec))
+            # The suite's `spark` marker: every test that starts a JVM, in process
+            # (the session fixture) or through spark-submit (marked in its module).
+            if "spark" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.spark)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -296,3 +296,24 @@ def test_a_clean_log_reports_no_violation_and_exits_0(
     assert "sharecoord audit: clean" in page
     histogram = {(h["group_id"], h["delivery_count"]): h["offsets"] for h in summary["histogram"]}
     assert histogram == {("clean", 1): 5, ("clean", 2): 5, ("clean-2", 4): 10, ("clean-2", 5): 11}
+
+
+def test_a_partition_swapped_while_it_is_read_is_read_again(
+    data_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    appended = build(data_dir, ANOMALOUS_LOG)
+    real = audit.read_partition
+    calls = []
+
+    def swapped_once(directory: str) -> Iterator[object]:
+        calls.append(directory)
+        if len(calls) == 1:  # a prune or a compaction swap removed a segment mid-read
+            yield next(iter(real(directory)))
+            raise FileNotFoundError(directory + "/00000000000000000000.log")
+        yield from real(directory)
+
+    monkeypatch.setattr(audit, "read_partition", swapped_once)
+    p = appended[0].state_partition
+    result = audit_partition(data_dir, p, delivery_limit=5)
+    assert (result.error, len(calls)) == ("", 2)
+    assert result.records == sum(a.state_partition == p for a in appended)

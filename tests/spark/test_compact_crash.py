@@ -71,6 +71,7 @@ def run_sharecoord(*args: str) -> tuple[int, list[str]]:
 # -- the job killed mid-write ----------------------------------------------------------
 
 
+@pytest.mark.spark  # spark-submit, in a subprocess
 def test_a_job_killed_while_it_writes_its_staging_output_changes_nothing(
     tmp_path: Path, data_dir: str
 ) -> None:

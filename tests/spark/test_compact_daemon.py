@@ -222,6 +222,7 @@ def segment_counts(daemon: Daemon) -> list[int]:
     return [p["segments"] for p in body["partitions"]]
 
 
+@pytest.mark.spark  # spark-submit, in a subprocess
 def test_the_daemon_serves_through_compaction_and_loses_no_acknowledged_write(
     data_dir: str, daemons: list[Daemon]
 ) -> None:

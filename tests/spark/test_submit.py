@@ -191,6 +191,7 @@ def run_documented(
     )
 
 
+@pytest.mark.spark  # spark-submit, in a subprocess
 def test_the_documented_compaction_command_works(tmp_path: Path, data_dir: str) -> None:
     build(data_dir, ANOMALOUS_LOG * 3, segment_bytes=300)
     done = run_documented(compact, tmp_path, data_dir)
@@ -200,6 +201,7 @@ def test_the_documented_compaction_command_works(tmp_path: Path, data_dir: str) 
     assert any(line.startswith("compaction: 2 of 2 partitions compacted") for line in lines), lines
 
 
+@pytest.mark.spark  # spark-submit, in a subprocess
 def test_the_documented_audit_command_works(tmp_path: Path, data_dir: str) -> None:
     build(data_dir, ANOMALOUS_LOG)
     done = run_documented(audit, tmp_path, data_dir)
@@ -210,6 +212,7 @@ def test_the_documented_audit_command_works(tmp_path: Path, data_dir: str) -> No
     assert (report / CHART_PNG).is_file() and (report / INDEX_HTML).is_file()
 
 
+@pytest.mark.spark  # spark-submit, in a subprocess
 def test_sharecoord_audit_streams_progress_and_exits_0_on_a_clean_log(
     tmp_path: Path, data_dir: str
 ) -> None:
@@ -246,3 +249,14 @@ def test_sharecoord_audit_streams_progress_and_exits_0_on_a_clean_log(
     )
     assert (out / CHART_PNG).read_bytes().startswith(b"\x89PNG")
     assert "Using Spark's default log4j profile" not in done.stderr  # the runner's quiet config
+
+
+def test_without_spark_submit_the_command_fails_with_a_message(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def missing() -> str:
+        raise FileNotFoundError("/nowhere/bin/spark-submit: pyspark's spark-submit is missing")
+
+    monkeypatch.setattr(submit, "spark_submit_path", missing)
+    assert submit.run_job("compact", "local[2]", ["--data-dir", "/d"]) == 1
+    assert "sharecoord compact: /nowhere/bin/spark-submit" in capsys.readouterr().err
