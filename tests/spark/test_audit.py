@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
+from persistence import read_partition
 from protocol.batches import StateBatch
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
 from spark_jobs import audit
@@ -302,7 +303,7 @@ def test_a_partition_swapped_while_it_is_read_is_read_again(
     data_dir: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     appended = build(data_dir, ANOMALOUS_LOG)
-    real = audit.read_partition
+    real = read_partition
     calls = []
 
     def swapped_once(directory: str) -> Iterator[object]:

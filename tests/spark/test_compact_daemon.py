@@ -17,6 +17,7 @@ import time
 import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 
@@ -56,7 +57,9 @@ class Daemon:
     host: str
     port: int
 
-    def request(self, method: str, path: str, body: object | None = None) -> tuple[int, dict]:
+    def request(
+        self, method: str, path: str, body: object | None = None
+    ) -> tuple[int, dict[str, Any]]:
         connection = http.client.HTTPConnection(self.host, self.port, timeout=30)
         try:
             return send(connection, method, path, body)
@@ -72,7 +75,7 @@ class Daemon:
 
 def send(
     connection: http.client.HTTPConnection, method: str, path: str, body: object | None = None
-) -> tuple[int, dict]:
+) -> tuple[int, dict[str, Any]]:
     payload = None if body is None else json.dumps(body).encode()
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
     connection.request(method, path, body=payload, headers=headers)
@@ -209,7 +212,7 @@ def check_every_acknowledged_write(daemon: Daemon, writer: Writer) -> None:
         model = writer.model.admin_state(key)
         assert model is not None
         assert state == json.loads(encode_admin_state(model, Format.JSON))
-        covered = set()
+        covered: set[int] = set()
         for batch in state["state_batches"]:  # type: ignore[attr-defined]
             if batch["delivery_state"] == ACKED:
                 covered.update(range(batch["first_offset"], batch["last_offset"] + 1))

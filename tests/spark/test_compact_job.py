@@ -131,8 +131,10 @@ def test_after_compaction_the_log_replays_to_the_same_state_and_holds_one_record
             assert len(files) == 2  # the compacted segment, then the active one
             compacted = list(read_partition(partition_dir(data_dir, p)))
             below_active = [r for r in compacted if r.offset < _active_base(data_dir, p)]
-            assert len(below_active) == len(sealed_keys[p])  # one record per key
-            assert {r.key for r in below_active} == sealed_keys[p]
+            keys = sealed_keys[p]
+            assert keys is not None
+            assert len(below_active) == len(keys)  # one record per key
+            assert {r.key for r in below_active} == keys
 
 
 def _active_base(data_dir: str, partition: int) -> int:

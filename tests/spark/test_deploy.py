@@ -65,7 +65,8 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return compose["services"]
+    found: dict[str, dict[str, Any]] = compose["services"]
+    return found
 
 
 def spark_master_url(compose: dict[str, Any]) -> str:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from persistence import decode_frame
 from protocol.batches import StateBatch
+from protocol.messages import AdminState
 from protocol.records import (
     RecordDecodeError,
     RecordDecoder,
@@ -40,7 +41,7 @@ NO_CUTOFF = -(2**62)  # keep every tombstone
 KEY = KEYS[0]
 
 
-def replayed(records: list[RawRecord]) -> dict[ShareKey, object]:
+def replayed(records: list[RawRecord]) -> dict[ShareKey, AdminState | None]:
     return admin_states(replayed_shard(decoded(records)))
 
 
