@@ -21,6 +21,7 @@ from server.config import (
     load_serve_config,
     load_settings,
 )
+from spark_jobs.submit import add_spark_commands
 
 EXIT_USAGE = 2
 
@@ -51,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the daemon")
     add_arguments(serve, SERVE_SETTINGS)
     serve.set_defaults(command=_serve)
+    add_spark_commands(commands)
 
     log = commands.add_parser("log", help="read a data directory's state log")
     log_commands = log.add_subparsers(title="log commands", metavar="COMMAND")

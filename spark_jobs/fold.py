@@ -1,0 +1,246 @@
+"""Folding a state partition's records into one ShareSnapshot per live key: the core of
+compaction, pure (records in, records out).
+
+The result replays to exactly the state the input replays to (SPEC §A.1 point 12: the
+same admin state for every key, fencing maxima included; the snapshot-update counter
+restarts). The fold does not restate the replay rules: each key's state comes from
+``protocol.replay.ShareStateMap``, the daemon's own replay.
+
+Two phases per key, in one pass over the records in offset order:
+
+1. Light: a snapshot replaces a key's whole state, so the records of a key before its
+   last snapshot matter only for the fencing maxima (SPEC §2, §4: leaderEpochMap is the
+   highest leader epoch of any record, stateEpochMap the highest state epoch of any
+   snapshot, both raised by the fence fields of §A). They are decoded just enough to
+   take those maxima, with the replay's own rules — and checked as the record decoder
+   checks them, so a log the daemon cannot load is never "repaired" by compaction.
+2. Full: the key's last snapshot and the updates after it are replayed through
+   ShareStateMap onto an entry holding those fences, exactly as the daemon's replay
+   reaches them; the folded snapshot is the resulting state verbatim, at the offset and
+   timestamp of the key's last record, with ``fence_leader_epoch`` /
+   ``fence_state_epoch`` the resulting fences (the maxima over the whole history).
+
+Only the snapshot-update counter differs from a whole replay, as SPEC §A.1 point 12
+allows: the light phase does not count updates.
+
+Per key, by what its history ends with:
+
+    ... S u u u            one folded ShareSnapshot (S itself if nothing follows it and
+                           its fence fields already hold the maxima)
+    ... T                  the tombstone, kept at its offset, unless it is older than
+                           the retention: then the key leaves no record at all
+    ... T u u / u u u      the updates verbatim: a key whose state was built by updates
+                           alone has no state epoch fence (None), which no snapshot can
+                           say; only a hand-made log holds such a key
+
+A tombstone clears everything a key had (SPEC §4), so nothing before one matters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from persistence.frame import encode_frame
+from protocol.records import (
+    SNAPSHOT_RECORD_TYPE,
+    UPDATE_RECORD_TYPE,
+    RecordDecodeError,
+    RecordDecoder,
+    ShareSnapshot,
+    encode_value,
+)
+from protocol.replay import KeyState, ShareGroupOffset, ShareStateMap
+
+# The replay's own rules for the fence fields: the light phase must take the maxima
+# exactly as ShareStateMap does, None fences and all.
+from protocol.replay import _max_epoch as max_epoch
+from protocol.replay import _max_optional_epoch as max_optional_epoch
+from spark_jobs.sealed import RawRecord
+
+# The replay's snapshot-update counter is bookkeeping the fold does not keep (SPEC §A.1
+# point 12); any valid limit gives the same states.
+_RECORDS_PER_SNAPSHOT = 500
+
+# Stands in for a key's state before its tail replays: the tail starts with a snapshot,
+# which replaces it.
+_PLACEHOLDER = ShareGroupOffset(0, 0, 0, -1, 0, 0, [])
+
+# Value fields by position (protocol/records.py).
+_SNAPSHOT_FIELDS = 10
+_STATE_EPOCH, _LEADER_EPOCH, _SNAPSHOT_BATCHES, _FENCE_LEADER, _FENCE_STATE = 1, 2, 6, 8, 9
+_UPDATE_FIELDS = 5
+_UPDATE_LEADER_EPOCH, _UPDATE_BATCHES = 1, 3
+
+
+@dataclass
+class FoldResult:
+    records: list[RawRecord] = field(default_factory=list)  # by offset
+    snapshots: int = 0  # live keys, one folded snapshot each
+    tombstones_kept: int = 0
+    tombstones_dropped: int = 0  # keys that leave no record
+    verbatim_updates: int = 0  # updates of keys never snapshotted, kept as they are
+
+    @property
+    def keys(self) -> int:
+        return self.snapshots + self.tombstones_kept
+
+
+class _KeyHistory:
+    """What the light phase keeps per key: the fences of everything before the tail,
+    and the tail (the key's last snapshot or tombstone and the records after it)."""
+
+    __slots__ = ("leader_fence", "present", "state_fence", "tail")
+
+    def __init__(self, first: RawRecord) -> None:
+        self.present = False  # whether the key has state before the tail
+        self.leader_fence: Any = None
+        self.state_fence: Any = None
+        self.tail: list[RawRecord] = [first]
+
+
+def fold_records(records: Iterable[RawRecord], *, tombstone_cutoff_ms: int) -> FoldResult:
+    """Fold `records` (one state partition's, in offset order, from the start of its log)
+    into one record per live key; tombstones with a timestamp below
+    `tombstone_cutoff_ms` are dropped with their key. Raises RecordDecodeError (or the
+    replay's TypeError/ValueError) for a record the daemon could not load."""
+    histories: dict[bytes, _KeyHistory] = {}
+    get = histories.get
+    for record in records:
+        history = get(record[3])
+        if history is None:
+            histories[record[3]] = _KeyHistory(record)
+        elif record[2] == UPDATE_RECORD_TYPE:
+            history.tail.append(record)
+        else:  # a snapshot or a tombstone replaces the state: the tail so far retires
+            _retire_tail(history)
+            history.tail = [record]
+    return _fold_tails(histories, tombstone_cutoff_ms)
+
+
+def _retire_tail(history: _KeyHistory) -> None:
+    """Phase 1: replay the tail's effect on the fences, and nothing else. The rules are
+    ShareStateMap's (SPEC §4, §A), restated with its own helpers for the fence fields."""
+    present, leader, state = history.present, history.leader_fence, history.state_fence
+    for record in history.tail:
+        record_type, value = record[2], record[4]
+        if record_type == SNAPSHOT_RECORD_TYPE:
+            if value is None:  # a tombstone clears the key
+                present, leader, state = False, None, None
+                continue
+            fields = _fields(value, _SNAPSHOT_FIELDS, _SNAPSHOT_BATCHES)
+            leader_epoch, fence_leader = fields[_LEADER_EPOCH], fields[_FENCE_LEADER]
+            state_epoch, fence_state = fields[_STATE_EPOCH], fields[_FENCE_STATE]
+            if present:
+                leader = max_optional_epoch(leader, leader_epoch, fence_leader)
+                state = max_optional_epoch(state, state_epoch, fence_state)
+            else:
+                leader = max_epoch(leader_epoch, fence_leader)
+                state = max_epoch(state_epoch, fence_state)
+                present = True
+        elif record_type == UPDATE_RECORD_TYPE:
+            if value is None:
+                raise RecordDecodeError("a ShareUpdate record has a null value")
+            leader_epoch = _fields(value, _UPDATE_FIELDS, _UPDATE_BATCHES)[_UPDATE_LEADER_EPOCH]
+            if present:
+                leader = max(leader, leader_epoch)
+            else:
+                present, leader, state = True, leader_epoch, None
+        else:
+            raise RecordDecodeError(f"unknown record type {record_type}")
+    history.present, history.leader_fence, history.state_fence = present, leader, state
+
+
+def _fields(value: bytes, count: int, batches_at: int) -> Any:
+    """The value's fields, checked as RecordDecoder checks them."""
+    try:
+        fields = msgpack.unpackb(value)
+        fields[count - 1]  # the decoder reads every field up to this one
+    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
+        raise RecordDecodeError(f"undecodable record value: {exc}") from exc
+    flat = fields[batches_at]
+    if type(flat) is not list or len(flat) % 4:
+        raise RecordDecodeError("state_batches is not a flat array of 4-tuples")
+    return fields
+
+
+def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -> FoldResult:
+    """Phase 2: replay each key's tail and emit what stands for it."""
+    result = FoldResult()
+    decoder = RecordDecoder()
+    state_map = ShareStateMap(_RECORDS_PER_SNAPSHOT)
+    out = result.records
+    for key, history in histories.items():
+        share_key = decoder.decode_key(key)
+        tail = history.tail
+        head = tail[0]
+        if history.present:
+            # The tail replays onto the key as the records before it left it: its
+            # fences (a snapshot replaces the rest, SPEC §4).
+            state_map.keys[share_key] = KeyState(
+                _PLACEHOLDER, history.leader_fence, history.state_fence
+            )
+        # Every record of the tail is decoded and replayed, so checked as loading checks it.
+        decoded = [decoder.decode(record_type, key, value) for _, _, record_type, _, value in tail]
+        for (offset, *_), record in zip(tail, decoded, strict=True):
+            state_map.replay(offset, record)
+        if type(decoded[0]) is ShareSnapshot:
+            entry = state_map.keys[share_key]
+            out.append(
+                _folded_snapshot(
+                    tail, decoded[0], entry.state, entry.leader_fence, entry.state_fence
+                )
+            )
+            result.snapshots += 1
+        elif head[2] == SNAPSHOT_RECORD_TYPE and len(tail) == 1:  # a tombstone, last
+            if head[1] < tombstone_cutoff_ms:
+                result.tombstones_dropped += 1
+            else:
+                out.append(head)
+                result.tombstones_kept += 1
+        else:  # updates without a snapshot (after a tombstone, or from the start)
+            updates = tail[1:] if head[2] == SNAPSHOT_RECORD_TYPE else tail
+            out.extend(updates)
+            result.verbatim_updates += len(updates)
+        state_map.keys.pop(share_key, None)  # keep the map small; keys are independent
+    out.sort()
+    return result
+
+
+def _folded_snapshot(
+    tail: list[RawRecord],
+    head: ShareSnapshot,
+    state: ShareGroupOffset,
+    leader_fence: int,
+    state_fence: int | None,
+) -> RawRecord:
+    if len(tail) == 1 and (head.fence_leader_epoch, head.fence_state_epoch) == (
+        leader_fence,
+        state_fence,
+    ):
+        return tail[0]  # already the fold: keep its bytes
+    last = tail[-1]
+    value = encode_value(
+        ShareSnapshot(
+            head.key,
+            state.snapshot_epoch,
+            state.state_epoch,
+            state.leader_epoch,
+            state.start_offset,
+            state.create_timestamp,
+            state.write_timestamp,
+            state.state_batches,
+            state.delivery_complete_count,
+            leader_fence,
+            state_fence,
+        )
+    )
+    return (last[0], last[1], SNAPSHOT_RECORD_TYPE, tail[0][3], value)
+
+
+def encode_frames(records: Iterable[RawRecord]) -> list[bytes]:
+    """The log frames of folded records."""
+    return [encode_frame(*record) for record in records]

@@ -1,0 +1,193 @@
+"""`sharecoord compact` and `sharecoord audit`: run the Spark jobs through spark-submit.
+
+The runner ships the project's pure code (the packages protocol, persistence and
+spark_jobs) as a zip with `--py-files`, runs the `spark-submit` that pyspark ships with
+`--master` (default `local[*]`) and the job module's file, and streams the job's output:
+job descriptions, a line per stage, the outcome and the summary line (the job prints
+them; the JVM's own log is kept at WARN and its console progress bar is off).
+
+On a real cluster (`--master spark://host:7077`) the same command works unchanged; the
+data directory (and the audit's output directory) must be visible to the executors at
+the same path. For local masters the executors' Python is this interpreter, so driver
+and executors agree on the Python version.
+
+Only the CLI process imports this module (it reads the command settings of
+server.config); executors never do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from persistence import LogError, read_meta
+from server.config import AUDIT_SETTINGS, COMPACT_SETTINGS, add_arguments, load_settings
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+# Packages an executor imports: pure code, no server.
+SHIPPED_PACKAGES = ("protocol", "persistence", "spark_jobs")
+JOB_FILES = {"compact": "compact.py", "audit": "audit.py"}
+
+# The driver JVM's logging: warnings and errors only, on stderr; no banner about the
+# default profile, no console progress bar (the job prints its own progress).
+LOG4J2_PROPERTIES = """\
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
+logger.native.name = org.apache.hadoop.util.NativeCodeLoader
+logger.native.level = error
+"""
+
+
+def add_spark_commands(subparsers: Any) -> None:
+    """Add `compact` and `audit` to the `sharecoord` command's subparsers."""
+    compact = subparsers.add_parser(
+        "compact",
+        help="compact the state log with Spark: one ShareSnapshot per live key",
+        description="Fold each state partition's sealed segments into one ShareSnapshot "
+        "per live key and commit them (or leave them to the running daemon).",
+    )
+    add_arguments(compact, COMPACT_SETTINGS)
+    compact.set_defaults(command=run_compact)
+    audit = subparsers.add_parser(
+        "audit",
+        help="audit delivery counts with Spark; exit 1 if violations are found",
+        description="Replay the whole state log and report delivery-count histograms, "
+        "the most redelivered offsets and violations (JSON, Parquet, PNG, HTML).",
+    )
+    add_arguments(audit, AUDIT_SETTINGS)
+    audit.set_defaults(command=run_audit)
+
+
+def run_compact(args: argparse.Namespace) -> int:
+    values = load_settings(COMPACT_SETTINGS, args)
+    data_dir = _checked_data_dir("compact", values["data_dir"])
+    if data_dir is None:
+        return EXIT_USAGE
+    job_args = ["--data-dir", data_dir]
+    job_args += ["--tombstone-retention-ms", str(values["tombstone_retention_ms"])]
+    return run_job("compact", values["master"], job_args)
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    values = load_settings(AUDIT_SETTINGS, args, required=("out",))
+    data_dir = _checked_data_dir("audit", values["data_dir"])
+    if data_dir is None:
+        return EXIT_USAGE
+    job_args = ["--data-dir", data_dir, "--out", os.path.abspath(values["out"])]
+    job_args += ["--delivery-limit", str(values["delivery_limit"])]
+    return run_job("audit", values["master"], job_args)
+
+
+def _checked_data_dir(command: str, data_dir: str) -> str | None:
+    """The data directory as an absolute path (executors may run elsewhere), or None
+    after saying why it is not one."""
+    try:
+        read_meta(data_dir)
+    except LogError as exc:
+        print(f"sharecoord {command}: {exc}", file=sys.stderr)
+        return None
+    return os.path.abspath(data_dir)
+
+
+def run_job(job: str, master: str, job_args: Sequence[str], out: TextIO | None = None) -> int:
+    """spark-submit one job module; stream its output to `out`; return its exit code."""
+    out = out or sys.stdout
+    with tempfile.TemporaryDirectory(prefix="sharecoord-spark-") as workdir:
+        try:
+            command = submit_command(job, master, job_args, workdir)
+        except FileNotFoundError as exc:
+            print(f"sharecoord {job}: {exc}", file=sys.stderr)
+            return EXIT_FAILURE
+        with subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=job_environment(master),
+            text=True,
+            bufsize=1,
+        ) as process:
+            assert process.stdout is not None
+            for line in process.stdout:
+                out.write(line)
+                out.flush()
+        return process.returncode
+
+
+def submit_command(job: str, master: str, job_args: Sequence[str], workdir: str) -> list[str]:
+    """The spark-submit command line for `job`, its zip and logging config in `workdir`."""
+    log4j = os.path.join(workdir, "log4j2.properties")
+    with open(log4j, "w", encoding="utf-8") as f:
+        f.write(LOG4J2_PROPERTIES)
+    return [
+        spark_submit_path(),
+        "--master",
+        master,
+        "--name",
+        f"sharecoord-{job}",
+        "--py-files",
+        build_py_files(os.path.join(workdir, "sharecoord.zip")),
+        "--conf",
+        "spark.ui.showConsoleProgress=false",
+        "--driver-java-options",
+        f"-Dlog4j2.configurationFile=file:{log4j}",
+        job_file(job),
+        *job_args,
+    ]
+
+
+def job_file(job: str) -> str:
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), JOB_FILES[job])
+
+
+def spark_submit_path() -> str:
+    """The spark-submit that the installed pyspark ships (it runs the Spark of
+    $SPARK_HOME if that is set, else its own)."""
+    import pyspark  # noqa: PLC0415 - only here: every sharecoord command imports this module
+
+    path = os.path.join(os.path.dirname(os.path.abspath(pyspark.__file__)), "bin", "spark-submit")
+    if not os.access(path, os.X_OK):
+        raise FileNotFoundError(f"{path}: pyspark's spark-submit is missing or not executable")
+    return path
+
+
+def build_py_files(zip_path: str) -> str:
+    """A zip of SHIPPED_PACKAGES' sources, as installed next to this module."""
+    with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for package in SHIPPED_PACKAGES:
+            package_dir = _package_dir(package)
+            for name in sorted(os.listdir(package_dir)):
+                if name.endswith(".py"):
+                    archive.write(os.path.join(package_dir, name), f"{package}/{name}")
+    return zip_path
+
+
+def _package_dir(package: str) -> str:
+    directory = os.path.dirname(os.path.abspath(importlib.import_module(package).__file__ or ""))
+    if not os.path.isfile(os.path.join(directory, "__init__.py")):
+        raise FileNotFoundError(f"package {package}: no sources at {directory}")
+    return directory
+
+
+def job_environment(master: str) -> dict[str, str]:
+    env = dict(os.environ)
+    if master.startswith("local"):
+        # Driver and executors must share a Python minor version: make both this one.
+        env["PYSPARK_PYTHON"] = sys.executable
+        env["PYSPARK_DRIVER_PYTHON"] = sys.executable
+        # Everything runs on this machine: bind to loopback (and skip the JVM's warning
+        # about the hostname resolving to it).
+        env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    return env
