@@ -29,7 +29,7 @@ test: venv
 
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check protocol persistence client
+	$(BIN)/ruff format --check protocol persistence client spark_jobs
 	$(BIN)/mypy
 
 bench: venv

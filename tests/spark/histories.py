@@ -63,7 +63,11 @@ operations = st.one_of(
     st.builds(InitializeOp, keys, epochs, st.integers(-1, 30)),
     st.builds(ReadOp, keys, epochs),
     st.builds(WriteOp, keys, epochs, epochs, st.integers(-1, 30), batch_lists, epochs),
-    st.builds(WriteOp, keys, st.just(-1), st.just(-1), st.integers(-1, 30), batch_lists),
+    # Every field given: builds() would fill a defaulted NamedTuple field from its
+    # annotation (any int at all) rather than use the default.
+    st.builds(
+        WriteOp, keys, st.just(-1), st.just(-1), st.integers(-1, 30), batch_lists, st.just(-1)
+    ),
     st.builds(DeleteOp, keys),
     st.just(ColdSnapshotOp()),
 )
@@ -159,7 +163,7 @@ def replayed_shard(records: Iterable[tuple[int, Record]]) -> ShareCoordinatorSha
 
 def admin_states(shard: ShareCoordinatorShard) -> dict[ShareKey, AdminState | None]:
     """The admin state (SPEC §A.1 point 10: stored state and fencing maxima) per key."""
-    return {key: shard.admin_state(key) for key in sorted(shard.keys())}
+    return {key: shard.admin_state(key) for key in sorted(shard)}
 
 
 def decoded(records: Iterable[RawRecord]) -> list[tuple[int, Record]]:
