@@ -211,6 +211,7 @@ class SegmentScan:
     first_offset: int | None = None
     last_offset: int | None = None
     last_frame_crc: int | None = None
+    last_frame_at: int | None = None  # file position where the last valid frame starts
     damage: FrameError | None = None  # the first bad frame; position in the file
     tail_is_torn: bool = False  # set when asked: nothing valid follows the damage
 
@@ -246,7 +247,7 @@ def scan_segment(
             limit=limit,
         )
         scan = SegmentScan(path, base_offset, stream.limit, 0)
-        for _, record, crc in stream:
+        for position, record, crc in stream:
             if on_record is not None:
                 on_record(record)
             if scan.first_offset is None:
@@ -254,6 +255,7 @@ def scan_segment(
             scan.record_count += 1
             scan.last_offset = record.offset
             scan.last_frame_crc = crc
+            scan.last_frame_at = position
         scan.valid_size = stream.valid_size
         scan.damage = stream.damage
         if classify_tail and stream.damage is not None:
@@ -332,7 +334,9 @@ def fingerprint_segment(path: str, fs: FileOps | None = None) -> SegmentFingerpr
     scan = scan_segment(fs, path, _base_of(path))
     if scan.damage is not None:
         raise LogCorruptionError(path, scan.damage.position, scan.damage.reason)
-    return SegmentFingerprint(os.path.basename(path), scan.size, scan.last_frame_crc)
+    return SegmentFingerprint(
+        os.path.basename(path), scan.size, scan.last_frame_crc, scan.last_frame_at
+    )
 
 
 def _base_of(path: str) -> int:

@@ -68,6 +68,9 @@ class SegmentFingerprint:
     name: str
     size: int
     last_frame_crc: int | None
+    # Where the last frame starts: lets an offline commit check the fingerprint by
+    # reading one frame instead of the whole segment. None in older manifests.
+    last_frame_at: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +83,12 @@ class Manifest:
             "format": MANIFEST_FORMAT,
             "base_offset": self.base_offset,
             "replaced": [
-                {"name": s.name, "size": s.size, "last_frame_crc": s.last_frame_crc}
+                {
+                    "name": s.name,
+                    "size": s.size,
+                    "last_frame_crc": s.last_frame_crc,
+                    "last_frame_at": s.last_frame_at,
+                }
                 for s in self.replaced
             ],
         }
@@ -93,7 +101,9 @@ class Manifest:
             if document["format"] != MANIFEST_FORMAT:
                 raise ValueError(f"format {document['format']!r}, expected {MANIFEST_FORMAT}")
             replaced = tuple(
-                SegmentFingerprint(str(s["name"]), int(s["size"]), s["last_frame_crc"])
+                SegmentFingerprint(
+                    str(s["name"]), int(s["size"]), s["last_frame_crc"], s.get("last_frame_at")
+                )
                 for s in document["replaced"]
             )
             return cls(int(document["base_offset"]), replaced)

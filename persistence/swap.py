@@ -33,7 +33,7 @@ from typing import Literal, Protocol
 
 from persistence.errors import LogCorruptionError, LogError
 from persistence.fileops import FileOps, unlink_if_exists, write_file_atomically
-from persistence.frame import LogRecord, decode_frame, encode_frame
+from persistence.frame import FrameError, LogRecord, decode_frame, encode_frame, frame_crc
 from persistence.segments import (
     SegmentState,
     fingerprint_segment,
@@ -172,15 +172,55 @@ def commit_staged(
     partition_dir = os.fspath(target)
     fs = fs or _DEFAULT_FS
     recover_staging(fs, partition_dir)
-    segments = []
-    for scan in scan_partition(fs, list_log_files(fs, partition_dir)):
-        if scan.damage is not None and not scan.tail_is_torn:  # the tail is never swapped
-            raise LogCorruptionError(scan.path, scan.damage.position, scan.damage.reason)
-        segments.append(scan.state())
+    manifest = read_manifest(fs, manifest_path(partition_dir, base))
+    if all(r.last_frame_at is not None for r in manifest.replaced):
+        segments = _fingerprinted_segments(fs, partition_dir, manifest)
+    else:  # an older manifest: find each last frame by reading the segments through
+        segments = []
+        for scan in scan_partition(fs, list_log_files(fs, partition_dir)):
+            if scan.damage is not None and not scan.tail_is_torn:  # the tail is never swapped
+                raise LogCorruptionError(scan.path, scan.damage.position, scan.damage.reason)
+            segments.append(scan.state())
     staged = load_staged(fs, partition_dir, base, segments)
     if staged is None:
         return "stale"
     return swap_in(fs, partition_dir, staged, segments)
+
+
+def _fingerprinted_segments(
+    fs: FileOps, partition_dir: str, manifest: Manifest
+) -> list[SegmentState]:
+    """The partition's segments as the staleness check needs them, without reading them
+    through: for each segment the manifest replaces, its size and the checksum of the
+    frame at the position the job recorded (a sealed segment never changes, and the job
+    verified every frame of it when it read it); for the others, name and size.
+    A segment that changed shows up as a different size or checksum: stale."""
+    wanted = {r.name: r for r in manifest.replaced}
+    segments = []
+    for base_offset, path in list_log_files(fs, partition_dir):
+        fd = fs.open(path, os.O_RDONLY)
+        try:
+            size = fs.size(fd)
+            fingerprint = wanted.get(os.path.basename(path))
+            crc = None
+            if fingerprint is not None and fingerprint.size == size:
+                crc = _crc_of_last_frame(fs, fd, fingerprint.last_frame_at, size)
+        finally:
+            fs.close(fd)
+        segments.append(SegmentState(base_offset, path, size, None, crc))
+    return segments
+
+
+def _crc_of_last_frame(fs: FileOps, fd: int, position: int | None, size: int) -> int | None:
+    """The checksum of the valid frame at `position` that ends the file, else None."""
+    if position is None or not 0 <= position < size:
+        return None
+    data = fs.pread(fd, size - position, position)
+    try:
+        _, end = decode_frame(data, 0)
+    except FrameError:
+        return None
+    return frame_crc(data) if end == len(data) else None
 
 
 @dataclass(frozen=True)

@@ -50,8 +50,8 @@ def read_sealed_segment(
     records = _walk(buf, max(base_offset, after_offset + 1), below_offset)
     if records is None:
         _raise_damage(path, base_offset, after_offset, below_offset)
-    last_crc = _last_crc(buf, records)
-    fingerprint = SegmentFingerprint(os.path.basename(path), len(buf), last_crc)
+    last_crc, last_at = _last_frame(buf, records)
+    fingerprint = SegmentFingerprint(os.path.basename(path), len(buf), last_crc, last_at)
     return SealedSegment(records, fingerprint, records[-1][0] if records else None)
 
 
@@ -99,13 +99,15 @@ def _walk(buf: bytes, min_offset: int, below_offset: int | None) -> list[RawReco
     return records
 
 
-def _last_crc(buf: bytes, records: list[RawRecord]) -> int | None:
+def _last_frame(buf: bytes, records: list[RawRecord]) -> tuple[int | None, int | None]:
+    """The checksum of the last frame and where it starts."""
     if not records:
-        return None
+        return None, None
     _, _, _, key, value = records[-1]
     frame_length = HEADER_SIZE + len(key) + _VALUE_LENGTH_FIELD + len(value or b"")
-    crc: int = HEADER.unpack_from(buf, len(buf) - frame_length)[1]
-    return crc
+    at = len(buf) - frame_length
+    crc: int = HEADER.unpack_from(buf, at)[1]
+    return crc, at
 
 
 def _raise_damage(

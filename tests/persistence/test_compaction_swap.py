@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
 import os
 
@@ -14,6 +15,7 @@ from log_helpers import FRAME_SIZE, append_records, file_bytes, open_log, read_b
 
 from persistence import (
     FaultInjectingFileOps,
+    FileOps,
     GroupCommitter,
     LogRecord,
     PartitionFailedError,
@@ -235,6 +237,64 @@ def test_stale_output_is_detected_offline_from_the_files(log: StateLog) -> None:
         f.write(last)
     assert commit_staged(part.partition_dir, 0) == "stale"
     assert pending_staged(part.partition_dir) == []
+
+
+def test_an_offline_commit_reads_only_the_last_frame_of_each_replaced_segment(
+    log: StateLog,
+) -> None:
+    """The manifest says where each replaced segment's last frame starts: the commit
+    checks that frame, not every byte of a segment the job has just read through."""
+    part = log.partition(0)
+    records = list(part.read())
+    log.close()
+    stage_offline(part.partition_dir, records)
+
+    class CountingFileOps(FileOps):
+        def __init__(self) -> None:
+            self.read_from: dict[str, int] = {}
+            self._paths: dict[int, str] = {}
+
+        def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+            fd = super().open(path, flags, mode)
+            self._paths[fd] = os.path.basename(path)
+            return fd
+
+        def pread(self, fd: int, size: int, offset: int) -> bytes:
+            data = super().pread(fd, size, offset)
+            name = self._paths[fd]
+            self.read_from[name] = self.read_from.get(name, 0) + len(data)
+            return data
+
+        def read(self, fd: int, size: int) -> bytes:
+            data = super().read(fd, size)
+            name = self._paths[fd]
+            self.read_from[name] = self.read_from.get(name, 0) + len(data)
+            return data
+
+    fs = CountingFileOps()
+    assert commit_staged(part.partition_dir, 0, fs=fs) == "committed"
+    for replaced in ("00000000000000000000.log", "00000000000000000016.log"):
+        assert fs.read_from.get(replaced) == FRAME_SIZE
+    assert read_back(log.data_dir, 0, segment_bytes=SEGMENT_BYTES)[-26:] == records[32:]
+
+
+def test_an_offline_commit_of_an_older_manifest_reads_the_segments_through(
+    log: StateLog,
+) -> None:
+    """Manifests written before they carried the last frame's position still commit."""
+    part = log.partition(0)
+    records = list(part.read())
+    log.close()
+    folded = stage_offline(part.partition_dir, records)
+    manifest = os.path.join(part.partition_dir, "compaction", f"{0:020d}.manifest")
+    with open(manifest, encoding="utf-8") as f:
+        document = json.load(f)
+    for replaced in document["replaced"]:
+        del replaced["last_frame_at"]
+    with open(manifest, "w", encoding="utf-8") as f:
+        json.dump(document, f)
+    assert commit_staged(part.partition_dir, 0) == "committed"
+    assert read_back(log.data_dir, 0, segment_bytes=SEGMENT_BYTES) == folded + records[32:]
 
 
 # -- write_staged refuses bad input ----------------------------------------------------------
