@@ -32,8 +32,16 @@ class BuiltLog:
     seconds: float
 
 
-def build_log(data_dir: Path, records: int, *, seed: int = 1, progress: bool = True) -> BuiltLog:
-    """A data directory of about `records` records over `records / 50` share-partitions."""
+def build_log(
+    data_dir: Path,
+    records: int,
+    *,
+    seed: int = 1,
+    segment_bytes: int = 100 * 1024 * 1024,
+    progress: bool = True,
+) -> BuiltLog:
+    """A data directory of about `records` records over `records / 50` share-partitions.
+    Small `segment_bytes` seal most of the log, for compaction to work on."""
     started = time.monotonic()
     rng = random.Random(seed)
     keys_wanted = max(1, records // WRITES_PER_KEY)
@@ -42,7 +50,7 @@ def build_log(data_dir: Path, records: int, *, seed: int = 1, progress: bool = T
     owner = {k: partition_for(k.group_id, k.topic_id, k.partition, NUM_PARTITIONS) for k in keys}
     now = 1_795_000_000_000
     written = 0
-    with StateLog.open(str(data_dir), NUM_PARTITIONS) as log:
+    with StateLog.open(str(data_dir), NUM_PARTITIONS, segment_bytes=segment_bytes) as log:
         logs = [log.partition(p) for p in range(NUM_PARTITIONS)]
         for partition_log in logs:
             partition_log.open()

@@ -11,7 +11,7 @@ Appends and waits arriving while a cycle is in flight mark their partitions dirt
 the next cycle starts as soon as this one ends: batching comes from the fsync time
 itself, with no sleep anywhere on the path.
 
-Threads, measured with tests/persistence/bench_group_commit.py (2-core VM, ext4 on a
+Threads, measured with bench/group_commit.py (2-core VM, ext4 on a
 virtio disk where one fdatasync takes ~0.2 ms; one 2 KB record per dirty partition per
 cycle; ms per cycle, mean of 200 cycles, two runs):
 

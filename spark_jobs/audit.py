@@ -38,7 +38,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -191,8 +191,14 @@ class _Auditor:
     def _check_backwards(
         self, offset: int, key: ShareKey, previous: ShareGroupOffset, current: ShareGroupOffset
     ) -> None:
+        afters = current.state_batches
+        # Batches are sorted by first offset: those ending before this `before` starts
+        # end before every later one starts too, so the scan resumes past them.
+        start = 0
         for before in previous.state_batches:
-            for after in current.state_batches:
+            while start < len(afters) and afters[start].last_offset < before.first_offset:
+                start += 1
+            for after in afters[start:]:
                 if after.first_offset > before.last_offset:
                     break
                 first = max(before.first_offset, after.first_offset)
@@ -315,9 +321,8 @@ class _Auditor:
 
 
 def _pieces(batches: list[StateBatch]) -> list[Piece]:
-    return sorted(
-        (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in batches
-    )
+    # A StateBatch already is (first, last, state, count): sort the batches themselves.
+    return cast("list[Piece]", sorted(batches))
 
 
 def _over_limit(state: ShareGroupOffset | None, limit: int) -> list[Piece]:
@@ -329,9 +334,13 @@ def _over_limit(state: ShareGroupOffset | None, limit: int) -> list[Piece]:
 def _minus(pieces: list[Piece], remove: list[Piece]) -> list[Piece]:
     """The parts of `pieces` (sorted) not covered by any of `remove`."""
     out: list[Piece] = []
+    start = 0  # removals ending before a piece starts end before every later piece too
     for first, last, state, count in pieces:
         cursor = first
-        for r_first, r_last, _, _ in remove:
+        while start < len(remove) and remove[start][1] < first:
+            start += 1
+        for index in range(start, len(remove)):
+            r_first, r_last, _, _ = remove[index]
             if r_first > last:
                 break
             if r_last < cursor:

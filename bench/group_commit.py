@@ -1,6 +1,6 @@
 """Sequential versus parallel fdatasync in the group commit (not a test: a measurement).
 
-    /work/devvenv/bin/python tests/persistence/bench_group_commit.py [DIR]
+    python -m bench.group_commit [DIR]
 
 For each number of dirty partitions, runs cycles of: append one 2 KB record to each,
 wait until all are durable. Reports ms per cycle for 1, 2, 4 and 8 commit threads
