@@ -10,8 +10,12 @@ import argparse
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
+from persistence import LogError, read_meta
 from server.config import (
+    AUDIT_SETTINGS,
+    COMPACT_SETTINGS,
     LOG_DUMP_SETTINGS,
     LOG_VERIFY_SETTINGS,
     SERVE_SETTINGS,
@@ -21,7 +25,7 @@ from server.config import (
     load_serve_config,
     load_settings,
 )
-from spark_jobs.submit import add_spark_commands
+from spark_jobs import submit
 
 EXIT_USAGE = 2
 
@@ -52,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser("serve", help="run the daemon")
     add_arguments(serve, SERVE_SETTINGS)
     serve.set_defaults(command=_serve)
-    add_spark_commands(commands)
+    _add_spark_commands(commands)
 
     log = commands.add_parser("log", help="read a data directory's state log")
     log_commands = log.add_subparsers(title="log commands", metavar="COMMAND")
@@ -71,6 +75,57 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(get, STATE_GET_SETTINGS)
     get.set_defaults(command=_state_get)
     return parser
+
+
+def _add_spark_commands(subparsers: Any) -> None:
+    """Add `compact` and `audit` to the `sharecoord` command's subparsers."""
+    compact = subparsers.add_parser(
+        "compact",
+        help="compact the state log with Spark: one ShareSnapshot per live key",
+        description="Fold each state partition's sealed segments into one ShareSnapshot "
+        "per live key and commit them (or leave them to the running daemon).",
+    )
+    add_arguments(compact, COMPACT_SETTINGS)
+    compact.set_defaults(command=run_compact)
+    audit = subparsers.add_parser(
+        "audit",
+        help="audit delivery counts with Spark; exit 1 if violations are found",
+        description="Replay the whole state log and report delivery-count histograms, "
+        "the most redelivered offsets and violations (JSON, Parquet, PNG, HTML).",
+    )
+    add_arguments(audit, AUDIT_SETTINGS)
+    audit.set_defaults(command=run_audit)
+
+
+def run_compact(args: argparse.Namespace) -> int:
+    values = load_settings(COMPACT_SETTINGS, args)
+    data_dir = _checked_data_dir("compact", values["data_dir"])
+    if data_dir is None:
+        return EXIT_USAGE
+    job_args = ["--data-dir", data_dir]
+    job_args += ["--tombstone-retention-ms", str(values["tombstone_retention_ms"])]
+    return submit.run_job("compact", values["master"], job_args)
+
+
+def run_audit(args: argparse.Namespace) -> int:
+    values = load_settings(AUDIT_SETTINGS, args, required=("out",))
+    data_dir = _checked_data_dir("audit", values["data_dir"])
+    if data_dir is None:
+        return EXIT_USAGE
+    job_args = ["--data-dir", data_dir, "--out", os.path.abspath(values["out"])]
+    job_args += ["--delivery-limit", str(values["delivery_limit"])]
+    return submit.run_job("audit", values["master"], job_args)
+
+
+def _checked_data_dir(command: str, data_dir: str) -> str | None:
+    """The data directory as an absolute path (executors may run elsewhere), or None
+    after saying why it is not one."""
+    try:
+        read_meta(data_dir)
+    except LogError as exc:
+        print(f"sharecoord {command}: {exc}", file=sys.stderr)
+        return None
+    return os.path.abspath(data_dir)
 
 
 def _serve(args: argparse.Namespace) -> int:

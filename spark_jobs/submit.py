@@ -11,13 +11,12 @@ data directory (and the audit's output directory) must be visible to the executo
 the same path. For local masters the executors' Python is this interpreter, so driver
 and executors agree on the Python version.
 
-Only the CLI process imports this module (it reads the command settings of
-server.config); executors never do.
+Only the CLI process imports this module (server/cli.py, which owns the commands'
+flags and settings); executors never do.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import subprocess
@@ -25,13 +24,9 @@ import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
-from typing import Any, TextIO
-
-from persistence import LogError, read_meta
-from server.config import AUDIT_SETTINGS, COMPACT_SETTINGS, add_arguments, load_settings
+from typing import TextIO
 
 EXIT_FAILURE = 1
-EXIT_USAGE = 2
 # Packages an executor imports: pure code, no server.
 SHIPPED_PACKAGES = ("protocol", "persistence", "spark_jobs")
 JOB_FILES = {"compact": "compact.py", "audit": "audit.py"}
@@ -49,57 +44,6 @@ appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex
 logger.native.name = org.apache.hadoop.util.NativeCodeLoader
 logger.native.level = error
 """
-
-
-def add_spark_commands(subparsers: Any) -> None:
-    """Add `compact` and `audit` to the `sharecoord` command's subparsers."""
-    compact = subparsers.add_parser(
-        "compact",
-        help="compact the state log with Spark: one ShareSnapshot per live key",
-        description="Fold each state partition's sealed segments into one ShareSnapshot "
-        "per live key and commit them (or leave them to the running daemon).",
-    )
-    add_arguments(compact, COMPACT_SETTINGS)
-    compact.set_defaults(command=run_compact)
-    audit = subparsers.add_parser(
-        "audit",
-        help="audit delivery counts with Spark; exit 1 if violations are found",
-        description="Replay the whole state log and report delivery-count histograms, "
-        "the most redelivered offsets and violations (JSON, Parquet, PNG, HTML).",
-    )
-    add_arguments(audit, AUDIT_SETTINGS)
-    audit.set_defaults(command=run_audit)
-
-
-def run_compact(args: argparse.Namespace) -> int:
-    values = load_settings(COMPACT_SETTINGS, args)
-    data_dir = _checked_data_dir("compact", values["data_dir"])
-    if data_dir is None:
-        return EXIT_USAGE
-    job_args = ["--data-dir", data_dir]
-    job_args += ["--tombstone-retention-ms", str(values["tombstone_retention_ms"])]
-    return run_job("compact", values["master"], job_args)
-
-
-def run_audit(args: argparse.Namespace) -> int:
-    values = load_settings(AUDIT_SETTINGS, args, required=("out",))
-    data_dir = _checked_data_dir("audit", values["data_dir"])
-    if data_dir is None:
-        return EXIT_USAGE
-    job_args = ["--data-dir", data_dir, "--out", os.path.abspath(values["out"])]
-    job_args += ["--delivery-limit", str(values["delivery_limit"])]
-    return run_job("audit", values["master"], job_args)
-
-
-def _checked_data_dir(command: str, data_dir: str) -> str | None:
-    """The data directory as an absolute path (executors may run elsewhere), or None
-    after saying why it is not one."""
-    try:
-        read_meta(data_dir)
-    except LogError as exc:
-        print(f"sharecoord {command}: {exc}", file=sys.stderr)
-        return None
-    return os.path.abspath(data_dir)
 
 
 def run_job(job: str, master: str, job_args: Sequence[str], out: TextIO | None = None) -> int:

@@ -16,7 +16,7 @@ from typing import Any
 import pyspark
 import pytest
 
-from server.cli import build_parser
+from server.cli import build_parser, run_audit, run_compact
 from server.config import (
     AUDIT_SETTINGS,
     COMPACT_SETTINGS,
@@ -24,7 +24,7 @@ from server.config import (
     load_serve_config,
     load_settings,
 )
-from spark_jobs.submit import SHIPPED_PACKAGES, run_audit, run_compact
+from spark_jobs.submit import SHIPPED_PACKAGES
 from tests.spark.compose_yaml import parse
 from tests.spark.conftest import REPO_ROOT
 
