@@ -26,7 +26,7 @@ from persistence import list_segments, partition_dir, read_partition
 from protocol.records import RecordDecoder
 from protocol.replay import ShareStateMap
 from spark_jobs.fold import fold_records
-from spark_jobs.sealed import RawRecord, read_sealed_segment
+from spark_jobs.sealed import read_sealed_segments
 
 REPO = Path(__file__).resolve().parent.parent
 BYTES_PER_RECORD = 80  # about, for the logs bench/logs.py writes
@@ -55,27 +55,11 @@ def _cli(*args: str) -> tuple[float, str]:
     return seconds, done.stdout
 
 
-def sealed_records(data_dir: Path, partition: int) -> list[RawRecord]:
-    segments = list_segments(partition_dir(str(data_dir), partition))
-    records: list[RawRecord] = []
-    last = -1
-    for index, segment in enumerate(segments[:-1]):
-        read = read_sealed_segment(
-            segment.path,
-            segment.base_offset,
-            after_offset=last,
-            below_offset=segments[index + 1].base_offset,
-        )
-        records.extend(read.records)
-        last = read.last_offset if read.last_offset is not None else last
-    return records
-
-
 def python_fold(data_dir: Path) -> tuple[float, int]:
     """spark_jobs.fold over every partition's sealed segments, in this one process."""
     started, count = time.perf_counter(), 0
     for p in range(NUM_PARTITIONS):
-        records = sealed_records(data_dir, p)
+        records, _ = read_sealed_segments(list_segments(partition_dir(str(data_dir), p)))
         count += len(records)
         fold_records(records, tombstone_cutoff_ms=0)
     return time.perf_counter() - started, count

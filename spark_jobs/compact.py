@@ -47,7 +47,7 @@ from persistence import (
 )
 from protocol.records import RecordDecodeError
 from spark_jobs.fold import encode_frames, fold_records
-from spark_jobs.sealed import RawRecord, read_sealed_segment
+from spark_jobs.sealed import read_sealed_segments
 from spark_jobs.session import Progress, spark_session, task_count
 
 if TYPE_CHECKING:
@@ -127,20 +127,7 @@ def _compact(directory: str, partition: int, tombstone_cutoff_ms: int) -> Partit
         return PartitionCompaction(
             partition, "skipped", f"output is already staged at base {base}, waiting to commit"
         )
-    records: list[RawRecord] = []
-    fingerprints = []
-    last_offset = -1
-    for index, segment in enumerate(sealed):
-        read = read_sealed_segment(
-            segment.path,
-            segment.base_offset,
-            after_offset=last_offset,
-            below_offset=segments[index + 1].base_offset,
-        )
-        records.extend(read.records)
-        fingerprints.append(read.fingerprint)
-        if read.last_offset is not None:
-            last_offset = read.last_offset
+    records, fingerprints = read_sealed_segments(segments)
     folded = fold_records(records, tombstone_cutoff_ms=tombstone_cutoff_ms)
     frames = encode_frames(folded.records)
     result = PartitionCompaction(

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import os
 import zlib
+from collections.abc import Sequence
 from typing import NamedTuple, NoReturn
 
-from persistence import LogCorruptionError, SegmentFingerprint
+from persistence import LogCorruptionError, SegmentFingerprint, SegmentInfo
 from persistence.fileops import FileOps
 from persistence.frame import HEADER, HEADER_SIZE, MAGIC, MAX_FRAME_LENGTH, MIN_LENGTH
 from persistence.segments import scan_segment
@@ -53,6 +54,29 @@ def read_sealed_segment(
     last_crc, last_at = _last_frame(buf, records)
     fingerprint = SegmentFingerprint(os.path.basename(path), len(buf), last_crc, last_at)
     return SealedSegment(records, fingerprint, records[-1][0] if records else None)
+
+
+def read_sealed_segments(
+    segments: Sequence[SegmentInfo],
+) -> tuple[list[RawRecord], list[SegmentFingerprint]]:
+    """Every record of a partition's sealed segments, in order, and each segment's
+    fingerprint. `segments` is the partition's whole list: the newest (active) one only
+    bounds the last sealed one's offsets and is not read."""
+    records: list[RawRecord] = []
+    fingerprints = []
+    last_offset = -1
+    for index, segment in enumerate(segments[:-1]):
+        read = read_sealed_segment(
+            segment.path,
+            segment.base_offset,
+            after_offset=last_offset,
+            below_offset=segments[index + 1].base_offset,
+        )
+        records.extend(read.records)
+        fingerprints.append(read.fingerprint)
+        if read.last_offset is not None:
+            last_offset = read.last_offset
+    return records, fingerprints
 
 
 def _walk(buf: bytes, min_offset: int, below_offset: int | None) -> list[RawRecord] | None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
+
+from tests.pki import Pki, make_pki
 
 
 @pytest.fixture(autouse=True)
@@ -25,3 +28,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if slow:
         config.hook.pytest_deselected(items=slow)
         items[:] = [item for item in items if not item.get_closest_marker("slow")]
+
+
+@pytest.fixture(scope="session")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
+    """Certificates for the TLS tests (tests/pki.py), made once per session."""
+    if shutil.which("openssl") is None:
+        pytest.fail("the TLS tests make their certificates with the openssl CLI; install it")
+    return make_pki(tmp_path_factory.mktemp("pki"))

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import shutil
-import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,86 +124,3 @@ async def entry_results(daemon: Daemon, rpc: str, code: int) -> float:
     """Partition entries of ``rpc`` the daemon answered with ``code``."""
     text = await scrape(daemon)
     return metric(text, "sharecoord_partition_results_total", rpc=rpc, error_code=str(code))
-
-
-# --- certificates, made with the openssl CLI (as tests/server/test_security.py) --------
-
-_REQ_CONFIG = """
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = {cn}
-[ca]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign
-subjectKeyIdentifier = hash
-[server]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1,DNS:localhost
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-[client]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = clientAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-"""
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: str
-    server_cert: str
-    server_key: str
-    client_cert: str
-    client_key: str
-    rogue_ca: str
-
-
-def _openssl(directory: Path, command: str) -> None:
-    subprocess.run(["openssl", *command.split()], cwd=directory, check=True, capture_output=True)
-
-
-def _key_and_request(directory: Path, name: str, extra: str) -> None:
-    (directory / f"{name}.cnf").write_text(_REQ_CONFIG.format(cn=name))
-    _openssl(
-        directory,
-        f"req -new -config {name}.cnf -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-        f"-nodes -keyout {name}.key {extra}",
-    )
-
-
-def _ca(directory: Path, name: str) -> None:
-    _key_and_request(directory, name, f"-x509 -extensions ca -days 2 -out {name}.pem")
-
-
-def _leaf(directory: Path, name: str, kind: str, serial: int) -> None:
-    _key_and_request(directory, name, f"-out {name}.csr")
-    _openssl(
-        directory,
-        f"x509 -req -in {name}.csr -CA ca.pem -CAkey ca.key -set_serial {serial} -days 2 "
-        f"-extfile {name}.cnf -extensions {kind} -out {name}.pem",
-    )
-
-
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    if shutil.which("openssl") is None:
-        pytest.fail("the TLS tests make their certificates with the openssl CLI; install it")
-    d = tmp_path_factory.mktemp("client-pki")
-    _ca(d, "ca")
-    _leaf(d, "server", "server", 2)
-    _leaf(d, "client", "client", 3)
-    _ca(d, "rogue")
-    return Pki(
-        ca=str(d / "ca.pem"),
-        server_cert=str(d / "server.pem"),
-        server_key=str(d / "server.key"),
-        client_cert=str(d / "client.pem"),
-        client_key=str(d / "client.key"),
-        rogue_ca=str(d / "rogue.pem"),
-    )

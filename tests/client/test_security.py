@@ -17,8 +17,9 @@ from client import (
     ShareCoordinatorClient,
     make_ssl_context,
 )
-from tests.client.conftest import TOPIC, Pki
+from tests.client.conftest import TOPIC
 from tests.client.daemons import Daemon
+from tests.pki import Pki
 
 TOKEN = "s3cr3t-token"
 

@@ -23,7 +23,6 @@ from server.http import COORDINATOR, Coordinator, create_app
 from tests.server.daemons import FORMATS, Api, Daemon, start_daemon
 
 # The session PKI of test_security (CA, server and client certificates), shared.
-from tests.server.test_security import pki  # noqa: F401
 
 
 @pytest.fixture(params=FORMATS)

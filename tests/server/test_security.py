@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import shutil
 import socket
 import ssl
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,99 +23,7 @@ from server.security import (
     load_token,
     server_ssl_context,
 )
-
-# --- test certificates, made with the openssl CLI ----------------------------------------
-
-_REQ_CONFIG = """
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = {cn}
-[ca]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign
-subjectKeyIdentifier = hash
-[server]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1,DNS:localhost
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-[client]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature
-extendedKeyUsage = clientAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-"""
-
-
-@dataclass(frozen=True)
-class Pki:
-    ca: str
-    server_cert: str
-    server_key: str
-    client_cert: str
-    client_key: str
-    rogue_ca: str
-    rogue_client_cert: str
-    rogue_client_key: str
-    encrypted_key: str
-
-
-def _openssl(directory: Path, command: str) -> None:
-    subprocess.run(["openssl", *command.split()], cwd=directory, check=True, capture_output=True)
-
-
-def _new_key_and_request(directory: Path, name: str, cn: str, extra: str) -> None:
-    (directory / f"{name}.cnf").write_text(_REQ_CONFIG.format(cn=cn))
-    _openssl(
-        directory,
-        f"req -new -config {name}.cnf -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 "
-        f"-nodes -keyout {name}.key {extra}",
-    )
-
-
-def _make_ca(directory: Path, name: str) -> None:
-    _new_key_and_request(
-        directory, name, f"{name}-test-CA", f"-x509 -extensions ca -days 2 -out {name}.pem"
-    )
-
-
-def _make_leaf(directory: Path, name: str, ca: str, kind: str, serial: int) -> None:
-    _new_key_and_request(directory, name, name, f"-out {name}.csr")
-    _openssl(
-        directory,
-        f"x509 -req -in {name}.csr -CA {ca}.pem -CAkey {ca}.key -set_serial {serial} -days 2 "
-        f"-extfile {name}.cnf -extensions {kind} -out {name}.pem",
-    )
-
-
-@pytest.fixture(scope="session")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    if shutil.which("openssl") is None:
-        pytest.fail("the TLS tests make their certificates with the openssl CLI; install it")
-    d = tmp_path_factory.mktemp("pki")
-    _make_ca(d, "ca")
-    _make_leaf(d, "server", "ca", "server", 2)
-    _make_leaf(d, "client", "ca", "client", 3)
-    _make_ca(d, "rogue")
-    _make_leaf(d, "rogue-client", "rogue", "client", 4)
-    _openssl(d, "pkey -in server.key -aes256 -passout pass:secret -out encrypted.key")
-    return Pki(
-        ca=str(d / "ca.pem"),
-        server_cert=str(d / "server.pem"),
-        server_key=str(d / "server.key"),
-        client_cert=str(d / "client.pem"),
-        client_key=str(d / "client.key"),
-        rogue_ca=str(d / "rogue.pem"),
-        rogue_client_cert=str(d / "rogue-client.pem"),
-        rogue_client_key=str(d / "rogue-client.key"),
-        encrypted_key=str(d / "encrypted.key"),
-    )
-
+from tests.pki import Pki
 
 # --- a tiny HTTPS server on loopback (aiohttp, as the daemon) ----------------------------
 
