@@ -45,6 +45,15 @@ def _python_env() -> dict[str, str]:
     return env
 
 
+def _daemon_argv(data: Path, port: int, log_level: str) -> list[str]:
+    """`sharecoord serve` on a data directory, pinned to the server CPU."""
+    return pinned(
+        server_cpus(),
+        [sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data),
+         "--listen", f"127.0.0.1:{port}", "--log-level", log_level],
+    )  # fmt: skip
+
+
 def _say(text: str) -> None:
     print(text, flush=True)
 
@@ -79,20 +88,8 @@ def http_scenarios(work: Path, duration: float, quick: bool) -> list[LoadResult]
     port = free_port()
     data = work / "sharecoord-data"
     _say("sharecoord: the daemon, fresh data directory")
-    argv = [
-        sys.executable,
-        "-m",
-        "server.cli",
-        "serve",
-        "--data-dir",
-        str(data),
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--log-level",
-        "warning",
-    ]
     with running(
-        pinned(server_cpus(), argv), env=_python_env(), log=str(work / "sharecoord.log")
+        _daemon_argv(data, port, "warning"), env=_python_env(), log=str(work / "sharecoord.log")
     ) as proc:
         base = f"http://127.0.0.1:{port}"
         _wait_ready(base)
@@ -261,19 +258,7 @@ def recovery_scenario(work: Path, records: int) -> dict[str, Any]:
     )
     port = free_port()
     log = work / "recovery.log"
-    argv = [
-        sys.executable,
-        "-m",
-        "server.cli",
-        "serve",
-        "--data-dir",
-        str(data),
-        "--listen",
-        f"127.0.0.1:{port}",
-        "--log-level",
-        "info",
-    ]
-    with running(pinned(server_cpus(), argv), env=_python_env(), log=str(log)):
+    with running(_daemon_argv(data, port, "info"), env=_python_env(), log=str(log)):
         _wait_ready(f"http://127.0.0.1:{port}")
     match = re.search(r"loaded \d+ state partitions in ([\d.]+)s", log.read_text())
     if not match:
