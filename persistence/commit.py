@@ -117,7 +117,7 @@ class GroupCommitter:
         if offset < log.durable_end_offset:
             future.set_result(None)
         elif log.failure is not None:
-            future.set_exception(DurabilityError(partition, log.failure))
+            future.set_exception(DurabilityError(partition, log.failure, log.durable_end_offset))
         elif offset >= log.log_end_offset:
             raise ValueError(
                 f"offset {offset} of partition {partition} was never appended "
@@ -230,9 +230,10 @@ class GroupCommitter:
                 _log.exception("on_partition_failure(%d) raised", partition)
 
     def _fail_waiters(self, partition: int, cause: BaseException) -> None:
+        durable_end = self._log.partition(partition).durable_end_offset
         for _, _, future in self._waiters.pop(partition, []):
             if not future.done():
-                future.set_exception(DurabilityError(partition, cause))
+                future.set_exception(DurabilityError(partition, cause, durable_end))
 
 
 def _write_lane(

@@ -127,9 +127,10 @@ class CoordinatorService:
         num_partitions = self.num_partitions
         runtimes = self.runtimes
         results: list[TopicResult[Any]] = []
-        # Where each executed entry's result sits, per state partition, so a failed
-        # commit can turn exactly those into 15.
-        placed: dict[int, list[tuple[list[AnyPartitionResult], int]]] = {}
+        # Where each executed entry's result sits, per state partition, with the last
+        # offset it must see durable (None: it saw only durable state), so a failed
+        # commit turns exactly the entries it did not make durable into 15.
+        placed: dict[int, list[tuple[list[AnyPartitionResult], int, int | None]]] = {}
         touched_here = False
         for topic in request.topics:
             out: list[AnyPartitionResult] = []
@@ -161,17 +162,20 @@ class CoordinatorService:
                     _log.exception("state partition %d: operation failed", state_partition)
                     out.append(_unavailable(rpc, partition, errors.COORDINATOR_NOT_AVAILABLE))
                     continue
-                placed.setdefault(state_partition, []).append((out, len(out)))
+                placed.setdefault(state_partition, []).append(
+                    (out, len(out), runtime.pending_offset())
+                )
                 out.append(result)  # type: ignore[arg-type]
         if touched_here:
             self._group_touched[group_id] = self._monotonic()
         if placed:
-            failed = await self._wait_durable(placed)
-            for state_partition in failed:
-                for out, index in placed[state_partition]:
-                    out[index] = _unavailable(
-                        rpc, out[index].partition, errors.COORDINATOR_NOT_AVAILABLE
-                    )
+            short = await self._durable_ends(placed)
+            for state_partition, durable_end in short.items():
+                for out, index, offset in placed[state_partition]:
+                    if offset is not None and offset >= durable_end:
+                        out[index] = _unavailable(
+                            rpc, out[index].partition, errors.COORDINATOR_NOT_AVAILABLE
+                        )
         if self._on_entry_result is not None:
             for topic_result in results:
                 for r in topic_result.partitions:
@@ -181,6 +185,13 @@ class CoordinatorService:
     async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:
         """Wait until each partition's log is durable up to what was observed; return
         the partitions whose commit failed or did not finish within the write timeout."""
+        return list(await self._durable_ends(partitions))
+
+    async def _durable_ends(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Wait until each partition's log is durable up to what was observed. For each
+        partition whose commit failed or did not finish within the write timeout, the
+        offset durability reached: what lies below it is durable (and stays so), what
+        lies at or above it is not."""
         waits: dict[asyncio.Future[None], int] = {}
         for state_partition in partitions:
             offset = self.runtimes[state_partition].pending_offset()
@@ -189,22 +200,25 @@ class CoordinatorService:
                 future.add_done_callback(_consume_exception)
                 waits[future] = state_partition
         if not waits:
-            return []
+            return {}
         done, pending = await asyncio.wait(waits, timeout=self._write_timeout_s)
-        failed = [waits[f] for f in pending]
+        short: dict[int, int] = {}
         for future in done:
             exc = future.exception()
-            if exc is not None:
-                if not isinstance(exc, DurabilityError):
-                    _log.error("unexpected durability failure: %r", exc)
-                failed.append(waits[future])
+            if isinstance(exc, DurabilityError):
+                short[waits[future]] = exc.durable_end_offset
+            elif exc is not None:
+                _log.error("unexpected durability failure: %r", exc)
+                short[waits[future]] = -1  # nothing is known to be durable
         for future in pending:
+            state_partition = waits[future]
             _log.warning(
                 "state partition %d: commit did not finish within %.1fs; answering 15",
-                waits[future],
+                state_partition,
                 self._write_timeout_s,
             )
-        return failed
+            short[state_partition] = self.runtimes[state_partition].log.durable_end_offset
+        return short
 
     def find_coordinator(self, request: FindCoordinatorRequest) -> FindCoordinatorResponse:
         return FindCoordinatorResponse(find_coordinator(self.cluster, request.keys))
