@@ -34,6 +34,8 @@ from tests.server.daemons import (
     Api,
     body,
     next_write,
+    partitions_in,
+    read_entry,
 )
 
 FAILPOINTS = "SHARECOORD_FAILPOINTS"
@@ -148,3 +150,52 @@ async def test_an_entry_made_durable_before_a_failed_roll_is_answered_as_it_is(
         assert model.acked[0].matches(await api.state("roll", TOPIC, 0)), codes
         assert model.acked[1].matches(await api.state("roll", TOPIC, 1))
     del second_expected
+
+
+# --- a disk that fails while the daemon loads ---------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["fsync", "open", "read"])
+async def test_a_partition_whose_disk_fails_while_loading_serves_once_the_fault_clears(
+    spawn, tmp_path, op
+):
+    control = tmp_path / "failpoints.json"
+    data_dir = tmp_path / "data"
+    faulty = 1
+    keys = partitions_in(faulty, NUM_PARTITIONS, group_id="load", count=2)
+    other = partitions_in(0, NUM_PARTITIONS, group_id="load", count=1)
+    model = Acknowledged("load", keys + other)
+    daemon = await spawn(data_dir, partitions=NUM_PARTITIONS)
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url)
+        assert set(await api.codes("initialize", model.init_body())) == {0}
+    assert await asyncio.to_thread(daemon.terminate) == 0
+
+    await arm(
+        control, {"op": op, "errno": "EIO", "path_contains": f"partitions/{faulty}/", "times": None}
+    )
+    daemon = await spawn(
+        data_dir, partitions=NUM_PARTITIONS, env={FAILPOINTS: str(control)}, ready=False
+    )
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url)
+        deadline = time.monotonic() + DEADLINE_S
+        while (await api.readyz()).status != 200:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        ready = await api.readyz()
+        assert ready.body["failed_partitions"] == [faulty], ready.body
+        listing = await statuses(api)
+        assert listing[faulty]["status"] == "failed"
+        assert "Input/output error" in listing[faulty]["error"], listing[faulty]
+        summary = await api.results("read-summary", body("load", (TOPIC, [read_entry(keys[0])])))
+        assert summary[0]["error_code"] == 15
+        assert await api.state("load", TOPIC, other[0]) is not None  # the others serve
+
+        await arm(control)
+        await wait_all_active(api)
+        await model.check(api)
+        entry, expected = next_write(random.Random(1), keys[0], model.acked[keys[0]])
+        assert await api.codes("write", body("load", (TOPIC, [entry]))) == [0]
+        model.acked[keys[0]] = expected
+        await model.check(api)
