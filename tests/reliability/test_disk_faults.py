@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -199,3 +200,42 @@ async def test_a_partition_whose_disk_fails_while_loading_serves_once_the_fault_
         assert await api.codes("write", body("load", (TOPIC, [entry]))) == [0]
         model.acked[keys[0]] = expected
         await model.check(api)
+
+
+# --- a crash right after a 15 ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        [{"op": "fsync", "errno": "EIO", "times": None}],
+        # Half of a three-frame write lands (a whole frame and a bit); the fsync fault
+        # keeps the reload from cutting it before the kill.
+        [
+            {"op": "write", "errno": "ENOSPC", "short_write": True, "times": 1},
+            {"op": "fsync", "errno": "EIO", "times": None, "after": 1},
+        ],
+    ],
+    ids=["fsync-eio", "short-write"],
+)
+async def test_entries_answered_15_stay_invisible_after_a_crash(spawn, tmp_path, faults):
+    """SIGKILL while the partition is still failed: what its entries were answered 15 for
+    was written to the file but never fsynced, and the restart must not replay it."""
+    control = tmp_path / "failpoints.json"
+    data_dir = tmp_path / "data"
+    keys = partitions_in(0, 1, group_id="after15", count=3)
+    model = Acknowledged("after15", keys)
+    daemon = await spawn(data_dir, partitions=1, env={FAILPOINTS: str(control)})
+    rng = random.Random(9)
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url, "msgpack")
+        assert await api.codes("initialize", model.init_body()) == [0, 0, 0]
+        await arm(control, *({**f, "path_contains": "partitions/0/"} for f in faults))
+        writes = [next_write(rng, k, model.acked[k]) for k in keys]
+        codes = await api.codes("write", body("after15", (TOPIC, [e for e, _ in writes])))
+        assert codes == [15, 15, 15]
+    os.kill(daemon.pid, signal.SIGKILL)
+    assert await asyncio.to_thread(daemon.wait) == -signal.SIGKILL
+    daemon = await spawn(data_dir, partitions=1)
+    async with aiohttp.ClientSession() as session:
+        await model.check(Api(session, daemon.url))
