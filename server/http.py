@@ -137,7 +137,35 @@ async def errors_middleware(
         )
     if response.status >= 400:
         coordinator.metrics.http_errors.labels(response.status).inc()
+    await _deliver(request, response, coordinator.config.request_timeout_s)
     return response
+
+
+async def _deliver(request: web.Request, response: web.StreamResponse, timeout: float) -> None:
+    """Send the answer here, within the request timeout. aiohttp would send it after the
+    middlewares with no deadline at all: a client that never reads (its receive window
+    full, the answer stuck in our send buffer) would hold the handler, the connection
+    and the answer's memory forever. Such a client is cut off; aiohttp sends nothing
+    more for an answer already sent."""
+    try:
+        await asyncio.wait_for(_send(request, response), timeout)
+    except asyncio.TimeoutError:
+        _log.info(
+            "%s %s: the client did not take its answer within %g seconds; cut off",
+            request.method,
+            request.path,
+            timeout,
+        )
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+    except ConnectionError:
+        pass  # the client went away; aiohttp notices on its own
+
+
+async def _send(request: web.Request, response: web.StreamResponse) -> None:
+    await response.prepare(request)
+    await response.write_eof()
 
 
 def _describe_http_error(request: web.Request, exc: web.HTTPException) -> str:
@@ -211,6 +239,8 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
             out,
         )
         error.response.force_close()  # what is left of the body is never read
+        # Nor waited for: aiohttp would linger up to 10 s more reading it.
+        request.content.feed_eof()
         raise error from None
     return body, fmt, out
 
