@@ -17,8 +17,18 @@ import threading
 import time
 
 import aiohttp
+import pytest
+from aiohttp import web
 
-from tests.reliability.raw_http import Reader, connect, request_bytes, wait_cut_off
+from server.connection import ApiAppRunner
+from tests.reliability.raw_http import (
+    ESTABLISHED,
+    Reader,
+    connect,
+    request_bytes,
+    server_side_states,
+    wait_cut_off,
+)
 from tests.server.daemons import TOPIC, Api, body, init_entry, read_entry
 
 TIMEOUT = "1"
@@ -149,3 +159,47 @@ async def test_a_client_that_never_reads_its_answers_is_cut_off(spawn, tmp_path,
     finally:
         for sock, _ in flooders:
             sock.close()
+
+
+# --- the first-request deadline is ours, whatever aiohttp does -----------------------------
+
+
+@pytest.fixture
+async def runner_without_aiohttp_timeouts():
+    """The app-less part of the daemon's server, with aiohttp's own keep-alive timer far
+    away: only ApiAppRunner's first-request deadline can cut a slow client off."""
+
+    async def healthz(request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    runner = ApiAppRunner(app, request_timeout_s=0.5, keepalive_timeout=3600)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    yield port
+    await runner.cleanup()
+
+
+async def test_the_first_request_deadline_does_not_rely_on_aiohttp(
+    runner_without_aiohttp_timeouts,
+):
+    port = runner_without_aiohttp_timeouts
+    silent = await asyncio.to_thread(connect, "127.0.0.1", port)
+    partial = await asyncio.to_thread(connect, "127.0.0.1", port)
+    served = await asyncio.to_thread(connect, "127.0.0.1", port)
+    try:
+        await asyncio.to_thread(partial.sendall, b"GET /healthz HTTP/1.1\r\nHo")
+        await asyncio.to_thread(served.sendall, request_bytes("GET", "/healthz"))
+        assert (await asyncio.to_thread(Reader(served).answer)).status == 200
+        await asyncio.to_thread(wait_cut_off, port, silent)
+        await asyncio.to_thread(wait_cut_off, port, partial)
+        # A connection that had its answer is aiohttp's to time out (keep-alive, here an
+        # hour): the first-request deadline did not touch it.
+        client_port = served.getsockname()[1]
+        assert ESTABLISHED in await asyncio.to_thread(server_side_states, port, client_port)
+    finally:
+        for s in (silent, partial, served):
+            s.close()
