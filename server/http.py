@@ -231,6 +231,29 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
             body = await asyncio.wait_for(request.read(), timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
+    except web.RequestPayloadError as exc:
+        # A body aiohttp could not decode: a Content-Encoding that does not decompress,
+        # broken chunking. The client's mistake, not a bug (no 500, no trace).
+        error = _HTTPError(
+            400,
+            errors.INVALID_REQUEST,
+            f"the request body could not be read: {_one_line(str(exc))}",
+            out,
+        )
+        error.response.force_close()
+        # What follows in the connection is never read: say so, or aiohttp's lingering
+        # read after the answer trips over the same error and logs it as unhandled.
+        request.content.feed_eof()
+        raise error from None
+    except ConnectionError:
+        # The client closed the connection before its body arrived: nobody is left to
+        # answer, and it is no bug either.
+        _log.debug("%s %s: the connection closed mid-body", request.method, request.path)
+        error = _HTTPError(
+            400, errors.INVALID_REQUEST, "the connection closed before the body arrived", out
+        )
+        error.response.force_close()
+        raise error from None
     except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
         error = _HTTPError(
             408,
@@ -243,6 +266,11 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
         request.content.feed_eof()
         raise error from None
     return body, fmt, out
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    line = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 def _too_large(limit: int) -> str:

@@ -10,11 +10,12 @@ trace, and counted no 5xx.
 from __future__ import annotations
 
 import asyncio
+import gzip
 
 import aiohttp
 import pytest
 
-from tests.reliability.raw_http import exchange, request_bytes
+from tests.reliability.raw_http import connect, exchange, request_bytes
 from tests.server.daemons import Api, metric_value
 
 RPC = "/v1/share-group-state/read"
@@ -102,3 +103,43 @@ async def test_an_expectation_failure_answers_in_the_requests_format(daemon):
     reply = await asyncio.to_thread(exchange, daemon.host, daemon.port, raw)
     assert (reply.status, reply.content_type) == (417, "application/msgpack")
     assert reply.error_body()["error_code"] == 42
+
+
+# --- bodies aiohttp cannot decode, bodies that never finish -------------------------------
+
+UNDECODABLE = {
+    "gzip that is not gzip": ({"Content-Encoding": "gzip"}, b"{}"),
+    "deflate that is not deflate": ({"Content-Encoding": "deflate"}, b"abcde"),
+    "gzip cut short": ({"Content-Encoding": "gzip"}, gzip.compress(b'{"group_id": "g"}')[:12]),
+    "br without brotli": ({"Content-Encoding": "br"}, b"\x0b\x02\x80{}\x03"),
+}
+
+
+async def test_a_body_that_cannot_be_decoded_is_a_400(daemon, session):
+    for name, (headers, payload) in UNDECODABLE.items():
+        raw = request_bytes("POST", RPC, payload, {**JSON, **headers})
+        reply = await asyncio.to_thread(exchange, daemon.host, daemon.port, raw)
+        assert reply.status == 400, (name, reply)
+        assert reply.error_body()["error_code"] == 42, name
+    # A compressed body that decodes is just a body.
+    good = request_bytes(
+        "POST",
+        RPC,
+        gzip.compress(b'{"group_id": "g", "topics": []}'),
+        {**JSON, "Content-Encoding": "gzip"},
+    )
+    assert (await asyncio.to_thread(exchange, daemon.host, daemon.port, good)).status == 200
+    await no_bug_was_logged(daemon, session)
+
+
+def send_half_and_close(host: str, port: int) -> None:
+    with connect(host, port) as sock:
+        sock.sendall(request_bytes("POST", RPC, b'{"gro', JSON, content_length=100))
+
+
+async def test_a_client_that_leaves_mid_body_is_no_bug(daemon, session):
+    for _ in range(5):
+        await asyncio.to_thread(send_half_and_close, daemon.host, daemon.port)
+    api = Api(session, daemon.url)
+    assert (await api.request("GET", "/healthz")).status == 200
+    await no_bug_was_logged(daemon, session)
