@@ -217,6 +217,14 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
             _answer_format(request),
         )
     out = codec.response_format(content_type, request.headers.get("Accept"))
+    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise _HTTPError(
+            415,
+            errors.INVALID_REQUEST,
+            f"unsupported Content-Encoding {coding!r}: send the body uncompressed",
+            out,
+        )
     config = request.app[COORDINATOR].config
     limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
@@ -232,8 +240,8 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
     except web.RequestPayloadError as exc:
-        # A body aiohttp could not decode: a Content-Encoding that does not decompress,
-        # broken chunking. The client's mistake, not a bug (no 500, no trace).
+        # A body aiohttp could not read (broken chunking): the client's mistake, not a
+        # bug (no 500, no trace).
         error = _HTTPError(
             400,
             errors.INVALID_REQUEST,
@@ -611,6 +619,10 @@ def create_app(
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[errors_middleware, auth_middleware],
+        # Bodies come uncompressed (API.md); a Content-Encoding is refused (415), and
+        # aiohttp must not try to decompress what nobody reads (it logs the failure of
+        # an unread body it lingers over as an unhandled exception, with a trace).
+        handler_args={"auto_decompress": False},
     )
     app[COORDINATOR] = coordinator
     app.cleanup_ctx.append(coordinator_ctx)
