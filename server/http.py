@@ -125,6 +125,9 @@ async def errors_middleware(
         response = error_response(
             exc.status, code, _describe_http_error(request, exc), _answer_format(request)
         )
+        allow = exc.headers.get("Allow")
+        if allow is not None:  # a 405 must say what is allowed (RFC 9110 §15.5.6)
+            response.headers["Allow"] = allow
     except asyncio.CancelledError:
         raise
     except Exception:

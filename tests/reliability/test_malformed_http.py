@@ -153,3 +153,19 @@ async def test_a_client_that_leaves_mid_body_is_no_bug(daemon, session):
     api = Api(session, daemon.url)
     assert (await api.request("GET", "/healthz")).status == 200
     await no_bug_was_logged(daemon, session)
+
+
+async def test_a_405_names_the_methods_the_route_allows(daemon):
+    """RFC 9110: a 405 carries Allow (schemathesis's unsupported-method check found it
+    missing: the error body replaced aiohttp's answer and dropped its headers)."""
+    for method, path, allowed in (
+        ("TRACE", RPC, {"POST"}),
+        ("GET", "/v1/admin/topics", {"PUT"}),
+        ("POST", "/healthz", {"GET", "HEAD"}),
+    ):
+        reply = await asyncio.to_thread(
+            exchange, daemon.host, daemon.port, request_bytes(method, path)
+        )
+        assert reply.status == 405, (method, path, reply)
+        assert {m.strip() for m in reply.headers["allow"].split(",")} == allowed, reply.headers
+        assert reply.error_body()["error_code"] == 42
