@@ -357,6 +357,12 @@ class CoordinatorService:
                     await job()
                 except asyncio.CancelledError:
                     raise
+                except OSError as exc:
+                    # The disk, not the code: a line, not a trace (API.md keeps those
+                    # for bugs).
+                    _log.warning(
+                        "periodic job %s failed: %s; it runs again in %d ms", name, exc, interval_ms
+                    )
                 except Exception:
                     _log.exception(
                         "periodic job %s failed; it runs again in %d ms", name, interval_ms

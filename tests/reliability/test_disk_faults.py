@@ -363,3 +363,39 @@ async def test_random_disk_faults_under_a_writer(spawn, tmp_path, figures):
 @pytest.mark.timeout(3600)
 async def test_random_disk_faults_under_a_writer_long(spawn, tmp_path, figures):
     await fault_rounds(spawn, tmp_path, rounds=1000, ops=LONG_OPS, seed=2, figures=figures)
+
+
+# --- a disk error in a periodic job -----------------------------------------------------------
+
+
+async def test_a_disk_error_in_the_prune_job_is_a_line_not_a_trace(spawn, tmp_path):
+    """Pruning deletes redundant segments: when the disk refuses, the job says so in one
+    line and tries again; writes go on, and no trace (kept for bugs) is logged."""
+    control = tmp_path / "failpoints.json"
+    daemon = await spawn(
+        tmp_path / "data",
+        "--segment-bytes",
+        "1024",
+        "--prune-interval-ms",
+        "20",
+        "--snapshot-update-records-per-snapshot",
+        "0",
+        partitions=1,
+        env={FAILPOINTS: str(control)},
+    )
+    await arm(control, {"op": "unlink", "errno": "EIO", "times": None})
+    rng = random.Random(2)
+    model = Acknowledged("prune", [0])
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url, "msgpack")
+        assert await api.codes("initialize", model.init_body()) == [0]
+        deadline = time.monotonic() + DEADLINE_S
+        while "periodic job prune failed" not in await asyncio.to_thread(daemon.stderr_text):
+            assert time.monotonic() < deadline, "the prune job never ran into the fault"
+            entry, expected = next_write(rng, 0, model.acked[0])
+            assert await api.codes("write", body("prune", (TOPIC, [entry]))) == [0]
+            model.acked[0] = expected
+        await model.check(api)
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    stderr = await asyncio.to_thread(daemon.stderr_text)
+    assert "Traceback" not in stderr, stderr
