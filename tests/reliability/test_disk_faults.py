@@ -278,6 +278,22 @@ def random_fault(rng: random.Random, ops: tuple[str, ...]) -> list[dict[str, Any
     return faults
 
 
+async def resumed(traffic: Traffic, url: str, requests: int = 30) -> None:
+    """With the fault cleared, service is back: a burst of requests with no 15 at all."""
+    target = traffic.acknowledged + requests
+    done = asyncio.Event()
+
+    def count() -> None:
+        if traffic.acknowledged >= target:
+            traffic.stopped = True
+            done.set()
+
+    traffic.faults, traffic.stopped, traffic.on_acknowledged = False, False, count
+    await traffic.run(url, 2)
+    assert done.is_set()
+    traffic.faults = True
+
+
 async def fault_rounds(spawn, tmp_path: Path, rounds: int, ops, seed: int, figures) -> None:
     control = tmp_path / "failpoints.json"
     data_dir = tmp_path / "data"
@@ -333,14 +349,15 @@ async def fault_rounds(spawn, tmp_path: Path, rounds: int, ops, seed: int, figur
                 figures.add("kills_with_a_fault_armed")
             else:
                 await arm(control)
-                # Service resumes: every partition active again, with the writer running.
-                await wait_all_active(api)
+                # Requests in flight may still have met the fault: let them finish first.
                 traffic.stopped = True
                 await writer
+                await wait_all_active(api)
             if traffic.entries_unavailable > before:
                 figures.add("faults_that_fired")
             await check_exact(session, daemon.url, model, rng)
             traffic.release_all()
+            await resumed(traffic, daemon.url)
             del round_number
 
         # After a restart without faults: the same, exactly.
