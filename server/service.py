@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from persistence import DurabilityError, GroupCommitter, pending_staged
+from persistence import DurabilityError, GroupCommitter, PartitionFailedError, pending_staged
 from protocol import errors
 from protocol.messages import (
     AdminState,
@@ -158,6 +158,11 @@ class CoordinatorService:
                 key = ShareKey(group_id, key_topic_id, partition)
                 try:
                     result = runtime.execute(_op_for(rpc, key, entry))
+                except PartitionFailedError:
+                    # Its last commit failed a moment ago and the runtime has not heard
+                    # yet (it will, and reload): unavailable, and no bug.
+                    out.append(_unavailable(rpc, partition, errors.COORDINATOR_NOT_AVAILABLE))
+                    continue
                 except Exception:
                     _log.exception("state partition %d: operation failed", state_partition)
                     out.append(_unavailable(rpc, partition, errors.COORDINATOR_NOT_AVAILABLE))
@@ -269,9 +274,13 @@ class CoordinatorService:
             _require_active(runtime)
         deleted = 0
         op = DeleteTopicsOp(frozenset({topic_id}))
-        for runtime in self.runtimes.values():
-            deleted += runtime.execute(op)  # type: ignore[operator]
-        failed = await self._wait_durable(list(self.runtimes))
+        failed = []
+        for state_partition, runtime in self.runtimes.items():
+            try:
+                deleted += runtime.execute(op)  # type: ignore[operator]
+            except PartitionFailedError:
+                failed.append(state_partition)
+        failed += await self._wait_durable(list(self.runtimes))
         if failed:
             raise ServiceError(
                 errors.COORDINATOR_NOT_AVAILABLE,
@@ -294,6 +303,8 @@ class CoordinatorService:
             for base in bases:
                 try:
                     outcome = await asyncio.to_thread(log.commit_staged, base)
+                except PartitionFailedError:
+                    break  # its last commit just failed; the next scan after the reload
                 except Exception:
                     _log.exception(
                         "state partition %d: committing compaction at %d failed",
@@ -391,7 +402,10 @@ class CoordinatorService:
                 continue
             if self._last_pruned.get(state_partition) == mark:
                 continue
-            deleted = await asyncio.to_thread(log.prune, mark)
+            try:
+                deleted = await asyncio.to_thread(log.prune, mark)
+            except PartitionFailedError:
+                continue  # its last commit just failed; the reload comes first
             self._last_pruned[state_partition] = mark
             if self._on_pruned is not None:
                 self._on_pruned(state_partition, mark)
@@ -409,7 +423,10 @@ class CoordinatorService:
         touched = []
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
-                count = runtime.execute(ColdSnapshotOp())
+                try:
+                    count = runtime.execute(ColdSnapshotOp())
+                except PartitionFailedError:
+                    continue  # its commit just failed; the next pass after the reload
                 if count:
                     written += count  # type: ignore[operator]
                     touched.append(state_partition)
@@ -438,7 +455,10 @@ class CoordinatorService:
         touched = []
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
-                count = runtime.execute(op)
+                try:
+                    count = runtime.execute(op)
+                except PartitionFailedError:
+                    continue  # its commit just failed; a later pass expires the rest
                 if count:
                     tombstoned += count  # type: ignore[operator]
                     touched.append(state_partition)
