@@ -391,16 +391,24 @@ class CoordinatorService:
 
     async def prune_once(self) -> None:
         """Delete whole sealed segments below each partition's last redundant offset
-        (SPEC §9, §A). Only a mark that is itself durable counts: the snapshot that
-        makes the older records redundant must survive a crash first."""
+        (SPEC §9, §A). Only a durable mark counts: the snapshots that make the older
+        records redundant must survive a crash first."""
         for state_partition, runtime in sorted(self.runtimes.items()):
             if runtime.status is not Status.ACTIVE:
                 continue
             mark = runtime.shard.last_redundant_offset()
             log = runtime.log
-            if mark is None or mark >= log.durable_end_offset:
+            if mark is None or self._last_pruned.get(state_partition) == mark:
                 continue
-            if self._last_pruned.get(state_partition) == mark:
+            # The mark is the lowest of every key's latest snapshot offset, as the shard
+            # holds them in memory: a key whose newest snapshot is appended but not yet
+            # fsynced already counts its previous, durable one as redundant. Had that
+            # segment gone and the new snapshot then been lost (a failed fsync, a crash),
+            # the key would be left without a snapshot. So: first wait until everything
+            # the mark was computed from is durable; a failed commit skips the round.
+            if await self._wait_durable([state_partition]):
+                continue
+            if mark >= log.durable_end_offset:
                 continue
             try:
                 deleted = await asyncio.to_thread(log.prune, mark)

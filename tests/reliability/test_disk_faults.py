@@ -15,6 +15,7 @@ half way, and a disk that fails while the daemon loads.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -423,3 +424,58 @@ async def test_a_disk_error_in_the_prune_job_is_a_line_not_a_trace(spawn, tmp_pa
     assert await asyncio.to_thread(daemon.terminate) == 0
     stderr = await asyncio.to_thread(daemon.stderr_text)
     assert "Traceback" not in stderr, stderr
+
+
+# --- pruning while a snapshot is not durable ---------------------------------------------------
+
+
+async def test_pruning_never_counts_on_a_snapshot_that_is_not_durable(spawn, tmp_path):
+    """Key A's only durable snapshot lies in the oldest segment; key B's snapshots moved
+    on. A new snapshot of A is appended and waits for its commit (a long append linger
+    holds it in memory): counted in memory, it makes A's old snapshot redundant, and the
+    prune job may delete the oldest segment. The daemon dies before the commit: the new
+    snapshot never lands. After the restart A must be in a state it may be in (the new
+    one, or the one before), never gone."""
+    data_dir = tmp_path / "data"
+    flags = (
+        "--segment-bytes",
+        "1024",
+        "--prune-interval-ms",
+        "10",
+        "--snapshot-update-records-per-snapshot",
+        "0",  # every write a snapshot: the prune mark follows the writes
+        "--append-linger-ms",
+        "500",
+    )
+    daemon = await spawn(data_dir, *flags, partitions=1)
+    rng = random.Random(4)
+    a, b = 0, 1
+    model = Acknowledged("prune-race", [a, b])
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url, "msgpack")
+        assert await api.codes("initialize", model.init_body()) == [0, 0]
+        entry, expected = next_write(rng, a, model.acked[a])
+        assert await api.codes("write", body("prune-race", (TOPIC, [entry]))) == [0]
+        model.acked[a] = expected
+        # Forty snapshots of B in one request (one linger): several segments on.
+        entries = []
+        for _ in range(40):
+            entry, model.acked[b] = next_write(rng, b, model.acked[b])
+            entries.append(entry)
+        assert set(await api.codes("write", body("prune-race", (TOPIC, entries)))) == {0}
+        assert (await statuses(api))[0]["log_start_offset"] == 0
+
+        entry, model.unknown[a] = next_write(rng, a, model.acked[a])
+        writing = asyncio.ensure_future(api.codes("write", body("prune-race", (TOPIC, [entry]))))
+        deadline = time.monotonic() + DEADLINE_S
+        # Until the oldest segment is pruned, or the write is answered (then durable).
+        while (await statuses(api))[0]["log_start_offset"] == 0 and not writing.done():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        os.kill(daemon.pid, signal.SIGKILL)
+        with contextlib.suppress(aiohttp.ClientError):
+            await writing
+    assert await asyncio.to_thread(daemon.wait) == -signal.SIGKILL
+    daemon = await spawn(data_dir, *flags, partitions=1)
+    async with aiohttp.ClientSession() as session:
+        await model.check(Api(session, daemon.url))
