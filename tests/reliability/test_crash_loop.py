@@ -6,8 +6,8 @@ five entries per request, both encodings) at full speed from several connections
 the model (model.py) checks every answer. The daemon is SIGKILLed at a random moment —
 after a random number of answers plus a random sub-millisecond-to-millisecond delay, and
 in some cycles while it is still loading — and restarted on the same data directory with
-small segments, frequent pruning and a snapshot cadence that changes between restarts.
-After each kill, ``sharecoord log verify`` must find no damage in what the crash left;
+small segments, frequent pruning, and a snapshot cadence and append linger that change
+between restarts. After each kill, ``sharecoord log verify`` must find no damage in what the crash left;
 after each restart, every key's admin state must be one the model allows, which is
 exactly the acknowledged state where no answer was lost.
 """
@@ -43,6 +43,9 @@ def serve_flags(rng: random.Random) -> list[str]:
         str(rng.choice((200, 300000))),
         "--snapshot-update-records-per-snapshot",
         str(rng.choice((0, 1, 3, 500))),
+        # Appends held a while before their commit widen every window a kill can hit.
+        "--append-linger-ms",
+        str(rng.choice((0, 0, 2, 20))),
     ]
 
 
