@@ -142,7 +142,7 @@ class GroupCommitter:
         if offset < log.durable_end_offset:
             future.set_result(None)
         elif log.failure is not None:
-            future.set_exception(DurabilityError(partition, log.failure))
+            future.set_exception(DurabilityError(partition, log.failure, log.durable_end_offset))
         elif offset >= log.log_end_offset:
             raise ValueError(
                 f"offset {offset} of partition {partition} was never appended "
@@ -167,7 +167,9 @@ class GroupCommitter:
             if offset < log.durable_end_offset:
                 continue
             if log.failure is not None:
-                barrier.failed[partition] = DurabilityError(partition, log.failure)
+                barrier.failed[partition] = DurabilityError(
+                    partition, log.failure, log.durable_end_offset
+                )
                 continue
             if offset >= log.log_end_offset:
                 raise ValueError(
@@ -286,11 +288,13 @@ class GroupCommitter:
                 _log.exception("on_partition_failure(%d) raised", partition)
 
     def _fail_waiters(self, partition: int, cause: BaseException) -> None:
+        durable_end = self._log.partition(partition).durable_end_offset
+        error = DurabilityError(partition, cause, durable_end)
         for _, _, waiter in self._waiters.pop(partition, []):
             if isinstance(waiter, DurabilityBarrier):
-                waiter.settle(partition, DurabilityError(partition, cause))
+                waiter.settle(partition, error)
             elif not waiter.done():
-                waiter.set_exception(DurabilityError(partition, cause))
+                waiter.set_exception(error)
 
 
 def _write_lane(

@@ -64,10 +64,15 @@ class PartitionFailedError(LogError):
 
 
 class DurabilityError(LogError):
-    """An append was not made durable: its partition's write or fsync failed."""
+    """An append was not made durable: its partition's write or fsync failed.
 
-    def __init__(self, partition: int, cause: BaseException) -> None:
+    ``durable_end_offset`` is the partition's durable end when it failed: the offsets
+    below it were fsynced and stay (a reset cuts the log back to exactly there), the
+    others are gone."""
+
+    def __init__(self, partition: int, cause: BaseException, durable_end_offset: int) -> None:
         self.partition = partition
         self.cause = cause
+        self.durable_end_offset = durable_end_offset
         super().__init__(f"state partition {partition}: write or fsync failed: {cause!r}")
         self.__cause__ = cause  # tracebacks show the OSError

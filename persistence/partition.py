@@ -297,7 +297,9 @@ class PartitionLog:
 
     def write_batch(self, batch: PendingBatch) -> None:
         """Write a batch, rolling segments at segment_bytes, and fdatasync it (any
-        thread). On failure the partition stops: appends raise until reset_to_durable."""
+        thread). On failure the partition stops: appends raise until reset_to_durable,
+        and what the batch wrote past the durable end is cut from the files before the
+        error reaches anyone (see _discard_unsynced)."""
         with self._lock:
             if batch.generation != self._generation:
                 raise LogError(f"{self!r}: batch taken before a reset; its appends are gone")
@@ -307,6 +309,7 @@ class PartitionLog:
                 self._write_frames(batch)
             except BaseException as exc:
                 self._failure = exc
+                self._discard_unsynced()
                 raise
             finally:
                 self._publish()
@@ -388,16 +391,39 @@ class PartitionLog:
             )
             return report
 
-    def _cut_back_to_durable(self) -> None:
+    def _discard_unsynced(self) -> None:
+        """After a failed write or fsync, before its waiters hear of it: remove what the
+        batch wrote past the durable end. Its frames may be whole in the page cache (an
+        fsync failed after the write, or a short write landed whole frames), and a
+        process that died before the reset would otherwise replay records that were
+        answered as failed. No fsync here (the disk just failed one; reset_to_durable
+        cuts again, with fsyncs): a process crash keeps the page cache, so the cut holds.
+        If the cut itself fails, the reset retries it; until then a crash may replay
+        the failed batch, which is logged."""
+        if not self._durable_known:
+            return
+        try:
+            self._cut_back_to_durable(sync=False)
+        except OSError as exc:
+            _log.error(
+                "%s: could not cut the failed batch back to the durable end (%r); "
+                "until the reset does, a crash would replay it",
+                self.partition_dir,
+                exc,
+            )
+
+    def _cut_back_to_durable(self, *, sync: bool = True) -> None:
         fs = self._fs
         for segment in self._segments:
             if segment.base_offset > self._durable_base:
                 unlink_if_exists(fs, segment.path)
-        fs.fsync_dir(self.partition_dir)
+        if sync:
+            fs.fsync_dir(self.partition_dir)
         fd = fs.open(segment_path(self.partition_dir, self._durable_base), os.O_WRONLY)
         try:
             fs.truncate(fd, self._durable_size)
-            fs.fsync(fd)
+            if sync:
+                fs.fsync(fd)
         finally:
             fs.close(fd)
 

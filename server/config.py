@@ -329,8 +329,9 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
     Setting(
         "request_timeout_s",
         60.0,
-        "Seconds a client may take to send a request, and an idle keep-alive connection "
-        "stays open; slow clients are cut off after it.",
+        "Seconds a client may take to send a request (its first one counted from when it "
+        "connects) and to take its answer, and an idle keep-alive connection stays open; "
+        "slow clients are cut off after it.",
         parse_float,
         _positive,
         metavar="SECONDS",

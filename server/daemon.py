@@ -21,6 +21,7 @@ from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
 from server.config import ServeConfig
+from server.connection import ApiAppRunner
 from server.http import COORDINATOR, create_app
 from server.security import SecurityError, load_token, server_ssl_context
 
@@ -74,8 +75,9 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    runner = web.AppRunner(
+    runner = ApiAppRunner(
         app,
+        request_timeout_s=config.request_timeout_s,
         handle_signals=False,
         access_log=None,
         shutdown_timeout=config.shutdown_timeout_s,

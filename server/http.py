@@ -125,6 +125,9 @@ async def errors_middleware(
         response = error_response(
             exc.status, code, _describe_http_error(request, exc), _answer_format(request)
         )
+        allow = exc.headers.get("Allow")
+        if allow is not None:  # a 405 must say what is allowed (RFC 9110 §15.5.6)
+            response.headers["Allow"] = allow
     except asyncio.CancelledError:
         raise
     except Exception:
@@ -137,7 +140,35 @@ async def errors_middleware(
         )
     if response.status >= 400:
         coordinator.metrics.http_errors.labels(response.status).inc()
+    await _deliver(request, response, coordinator.config.request_timeout_s)
     return response
+
+
+async def _deliver(request: web.Request, response: web.StreamResponse, timeout: float) -> None:
+    """Send the answer here, within the request timeout. aiohttp would send it after the
+    middlewares with no deadline at all: a client that never reads (its receive window
+    full, the answer stuck in our send buffer) would hold the handler, the connection
+    and the answer's memory forever. Such a client is cut off; aiohttp sends nothing
+    more for an answer already sent."""
+    try:
+        await asyncio.wait_for(_send(request, response), timeout)
+    except asyncio.TimeoutError:
+        _log.info(
+            "%s %s: the client did not take its answer within %g seconds; cut off",
+            request.method,
+            request.path,
+            timeout,
+        )
+        transport = request.transport
+        if transport is not None:
+            transport.abort()
+    except ConnectionError:
+        pass  # the client went away; aiohttp notices on its own
+
+
+async def _send(request: web.Request, response: web.StreamResponse) -> None:
+    await response.prepare(request)
+    await response.write_eof()
 
 
 def _describe_http_error(request: web.Request, exc: web.HTTPException) -> str:
@@ -189,6 +220,14 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
             _answer_format(request),
         )
     out = codec.response_format(content_type, request.headers.get("Accept"))
+    coding = request.headers.get("Content-Encoding", "").strip().lower()
+    if coding not in ("", "identity"):
+        raise _HTTPError(
+            415,
+            errors.INVALID_REQUEST,
+            f"unsupported Content-Encoding {coding!r}: send the body uncompressed",
+            out,
+        )
     config = request.app[COORDINATOR].config
     limit = config.max_body_bytes
     if request.content_length is not None and request.content_length > limit:
@@ -203,6 +242,29 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
             body = await asyncio.wait_for(request.read(), timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
+    except web.RequestPayloadError as exc:
+        # A body aiohttp could not read (broken chunking): the client's mistake, not a
+        # bug (no 500, no trace).
+        error = _HTTPError(
+            400,
+            errors.INVALID_REQUEST,
+            f"the request body could not be read: {_one_line(str(exc))}",
+            out,
+        )
+        error.response.force_close()
+        # What follows in the connection is never read: say so, or aiohttp's lingering
+        # read after the answer trips over the same error and logs it as unhandled.
+        request.content.feed_eof()
+        raise error from None
+    except ConnectionError:
+        # The client closed the connection before its body arrived: nobody is left to
+        # answer, and it is no bug either.
+        _log.debug("%s %s: the connection closed mid-body", request.method, request.path)
+        error = _HTTPError(
+            400, errors.INVALID_REQUEST, "the connection closed before the body arrived", out
+        )
+        error.response.force_close()
+        raise error from None
     except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
         error = _HTTPError(
             408,
@@ -211,8 +273,15 @@ async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
             out,
         )
         error.response.force_close()  # what is left of the body is never read
+        # Nor waited for: aiohttp would linger up to 10 s more reading it.
+        request.content.feed_eof()
         raise error from None
     return body, fmt, out
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    line = " ".join(part.strip() for part in text.splitlines() if part.strip())
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 def _too_large(limit: int) -> str:
@@ -562,6 +631,10 @@ def create_app(
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[errors_middleware, auth_middleware],
+        # Bodies come uncompressed (API.md); a Content-Encoding is refused (415), and
+        # aiohttp must not try to decompress what nobody reads (it logs the failure of
+        # an unread body it lingers over as an unhandled exception, with a trace).
+        handler_args={"auto_decompress": False},
     )
     app[COORDINATOR] = coordinator
     app.cleanup_ctx.append(coordinator_ctx)

@@ -9,7 +9,8 @@ for everything it observed.
 
 Loading replays the log from the start through the same ``replay`` (14 until done). An
 fsync failure stops the partition (15): its parked answers fail, the log is cut back to
-the last durable offset, and the partition reloads from disk, retrying with backoff.
+the last durable offset, and the partition reloads from disk, retrying with backoff. A
+load that fails on an I/O error retries the same way; a damaged log stays failed.
 """
 
 from __future__ import annotations
@@ -111,6 +112,15 @@ class PartitionRuntime:
             await asyncio.to_thread(self._open_and_replay)
         except LoadStopped:
             return
+        except OSError as exc:
+            # The disk failed, not the log: retry as after a failed fsync, until a
+            # reload works (damage, by contrast, raises LogError and stays failed).
+            self._set_status(Status.FAILED, _describe_failure(exc))
+            _log.error(
+                "state partition %d failed to load: %s; retrying", self.partition, self.error
+            )
+            self._start_recovery()
+            return
         except Exception as exc:
             self._set_status(Status.FAILED, _describe_failure(exc))
             _log.error("state partition %d failed to load: %s", self.partition, self.error)
@@ -194,6 +204,9 @@ class PartitionRuntime:
         message = f"write or fsync failed: {cause}"
         _log.error("state partition %d stopped: %s", self.partition, message)
         self._set_status(Status.FAILED, message)
+        self._start_recovery()
+
+    def _start_recovery(self) -> None:
         if not self._closing:
             self._recovery = asyncio.get_running_loop().create_task(
                 self._recover(), name=f"recover-partition-{self.partition}"
@@ -217,7 +230,7 @@ class PartitionRuntime:
             self._recovery = None
             self._set_status(Status.ACTIVE)
             _log.info(
-                "state partition %d reloaded from disk after a write failure (attempt %d)",
+                "state partition %d reloaded from disk after a disk failure (attempt %d)",
                 self.partition,
                 attempt,
             )

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from persistence import DurabilityError, GroupCommitter, pending_staged
+from persistence import DurabilityError, GroupCommitter, PartitionFailedError, pending_staged
 from protocol import errors
 from protocol.messages import (
     AdminState,
@@ -127,9 +127,10 @@ class CoordinatorService:
         num_partitions = self.num_partitions
         runtimes = self.runtimes
         results: list[TopicResult[Any]] = []
-        # Where each executed entry's result sits, per state partition, so a failed
-        # commit can turn exactly those into 15.
-        placed: dict[int, list[tuple[list[AnyPartitionResult], int]]] = {}
+        # Where each executed entry's result sits, per state partition, with the last
+        # offset it must see durable (None: it saw only durable state), so a failed
+        # commit turns exactly the entries it did not make durable into 15.
+        placed: dict[int, list[tuple[list[AnyPartitionResult], int, int | None]]] = {}
         touched_here = False
         for topic in request.topics:
             out: list[AnyPartitionResult] = []
@@ -157,21 +158,29 @@ class CoordinatorService:
                 key = ShareKey(group_id, key_topic_id, partition)
                 try:
                     result = runtime.execute(_op_for(rpc, key, entry))
+                except PartitionFailedError:
+                    # Its last commit failed a moment ago and the runtime has not heard
+                    # yet (it will, and reload): unavailable, and no bug.
+                    out.append(_unavailable(rpc, partition, errors.COORDINATOR_NOT_AVAILABLE))
+                    continue
                 except Exception:
                     _log.exception("state partition %d: operation failed", state_partition)
                     out.append(_unavailable(rpc, partition, errors.COORDINATOR_NOT_AVAILABLE))
                     continue
-                placed.setdefault(state_partition, []).append((out, len(out)))
+                placed.setdefault(state_partition, []).append(
+                    (out, len(out), runtime.pending_offset())
+                )
                 out.append(result)  # type: ignore[arg-type]
         if touched_here:
             self._group_touched[group_id] = self._monotonic()
         if placed:
-            failed = await self._wait_durable(placed)
-            for state_partition in failed:
-                for out, index in placed[state_partition]:
-                    out[index] = _unavailable(
-                        rpc, out[index].partition, errors.COORDINATOR_NOT_AVAILABLE
-                    )
+            short = await self._durable_ends(placed)
+            for state_partition, durable_end in short.items():
+                for out, index, offset in placed[state_partition]:
+                    if offset is not None and offset >= durable_end:
+                        out[index] = _unavailable(
+                            rpc, out[index].partition, errors.COORDINATOR_NOT_AVAILABLE
+                        )
         if self._on_entry_results is not None:
             codes: dict[int, int] = {}
             for topic_result in results:
@@ -182,8 +191,15 @@ class CoordinatorService:
 
     async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:
         """Wait until each partition's log is durable up to what was observed; return
-        the partitions whose commit failed or did not finish within the write timeout.
-        One barrier for the whole request, however many partitions it touched."""
+        the partitions whose commit failed or did not finish within the write timeout."""
+        return list(await self._durable_ends(partitions))
+
+    async def _durable_ends(self, partitions: Iterable[int]) -> dict[int, int]:
+        """Wait until each partition's log is durable up to what was observed, behind
+        one barrier for the whole request however many partitions it touched. For each
+        partition whose commit failed or did not finish within the write timeout, the
+        offset durability reached: what lies below it is durable (and stays so), what
+        lies at or above it is not."""
         targets = {}
         runtimes = self.runtimes
         for state_partition in partitions:
@@ -191,24 +207,28 @@ class CoordinatorService:
             if offset is not None:
                 targets[state_partition] = offset
         if not targets:
-            return []
+            return {}
         barrier = self.committer.wait_durable_many(targets)
         if not barrier.future.done():
             await asyncio.wait((barrier.future,), timeout=self._write_timeout_s)
-        failed = list(barrier.failed)
+        short: dict[int, int] = {}
         for state_partition, error in barrier.failed.items():
-            if not isinstance(error, DurabilityError):
+            if isinstance(error, DurabilityError):
+                short[state_partition] = error.durable_end_offset
+            else:
                 _log.error(
                     "state partition %d: unexpected durability failure: %r", state_partition, error
                 )
+                short[state_partition] = -1  # nothing is known to be durable
         if barrier.pending:
             _log.warning(
                 "state partitions %s: commit did not finish within %.1fs; answering 15",
                 sorted(barrier.pending),
                 self._write_timeout_s,
             )
-            failed += barrier.pending
-        return failed
+            for state_partition in barrier.pending:
+                short[state_partition] = runtimes[state_partition].log.durable_end_offset
+        return short
 
     def find_coordinator(self, request: FindCoordinatorRequest) -> FindCoordinatorResponse:
         return FindCoordinatorResponse(find_coordinator(self.cluster, request.keys))
@@ -259,9 +279,13 @@ class CoordinatorService:
             _require_active(runtime)
         deleted = 0
         op = DeleteTopicsOp(frozenset({topic_id}))
-        for runtime in self.runtimes.values():
-            deleted += runtime.execute(op)  # type: ignore[operator]
-        failed = await self._wait_durable(list(self.runtimes))
+        failed = []
+        for state_partition, runtime in self.runtimes.items():
+            try:
+                deleted += runtime.execute(op)  # type: ignore[operator]
+            except PartitionFailedError:
+                failed.append(state_partition)
+        failed += await self._wait_durable(list(self.runtimes))
         if failed:
             raise ServiceError(
                 errors.COORDINATOR_NOT_AVAILABLE,
@@ -284,6 +308,8 @@ class CoordinatorService:
             for base in bases:
                 try:
                     outcome = await asyncio.to_thread(log.commit_staged, base)
+                except PartitionFailedError:
+                    break  # its last commit just failed; the next scan after the reload
                 except Exception:
                     _log.exception(
                         "state partition %d: committing compaction at %d failed",
@@ -347,6 +373,12 @@ class CoordinatorService:
                     await job()
                 except asyncio.CancelledError:
                     raise
+                except OSError as exc:
+                    # The disk, not the code: a line, not a trace (API.md keeps those
+                    # for bugs).
+                    _log.warning(
+                        "periodic job %s failed: %s; it runs again in %d ms", name, exc, interval_ms
+                    )
                 except Exception:
                     _log.exception(
                         "periodic job %s failed; it runs again in %d ms", name, interval_ms
@@ -364,18 +396,29 @@ class CoordinatorService:
 
     async def prune_once(self) -> None:
         """Delete whole sealed segments below each partition's last redundant offset
-        (SPEC §9, §A). Only a mark that is itself durable counts: the snapshot that
-        makes the older records redundant must survive a crash first."""
+        (SPEC §9, §A). Only a durable mark counts: the snapshots that make the older
+        records redundant must survive a crash first."""
         for state_partition, runtime in sorted(self.runtimes.items()):
             if runtime.status is not Status.ACTIVE:
                 continue
             mark = runtime.shard.last_redundant_offset()
             log = runtime.log
-            if mark is None or mark >= log.durable_end_offset:
+            if mark is None or self._last_pruned.get(state_partition) == mark:
                 continue
-            if self._last_pruned.get(state_partition) == mark:
+            # The mark is the lowest of every key's latest snapshot offset, as the shard
+            # holds them in memory: a key whose newest snapshot is appended but not yet
+            # fsynced already counts its previous, durable one as redundant. Had that
+            # segment gone and the new snapshot then been lost (a failed fsync, a crash),
+            # the key would be left without a snapshot. So: first wait until everything
+            # the mark was computed from is durable; a failed commit skips the round.
+            if await self._wait_durable([state_partition]):
                 continue
-            deleted = await asyncio.to_thread(log.prune, mark)
+            if mark >= log.durable_end_offset:
+                continue
+            try:
+                deleted = await asyncio.to_thread(log.prune, mark)
+            except PartitionFailedError:
+                continue  # its last commit just failed; the reload comes first
             self._last_pruned[state_partition] = mark
             if self._on_pruned is not None:
                 self._on_pruned(state_partition, mark)
@@ -393,7 +436,10 @@ class CoordinatorService:
         touched = []
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
-                count = runtime.execute(ColdSnapshotOp())
+                try:
+                    count = runtime.execute(ColdSnapshotOp())
+                except PartitionFailedError:
+                    continue  # its commit just failed; the next pass after the reload
                 if count:
                     written += count  # type: ignore[operator]
                     touched.append(state_partition)
@@ -422,7 +468,10 @@ class CoordinatorService:
         touched = []
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
-                count = runtime.execute(op)
+                try:
+                    count = runtime.execute(op)
+                except PartitionFailedError:
+                    continue  # its commit just failed; a later pass expires the rest
                 if count:
                     tombstoned += count  # type: ignore[operator]
                     touched.append(state_partition)

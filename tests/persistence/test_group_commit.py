@@ -264,8 +264,9 @@ async def test_a_short_write_is_cut_back_to_the_durable_end(data_dir: str) -> No
     assert isinstance(failed.value.cause, OSError)
     assert failed.value.cause.errno == errno.ENOSPC
     segment = log.partition(0).segments[-1].path
-    half_a_frame_landed = 3 * FRAME_SIZE + FRAME_SIZE // 2
-    assert await asyncio.to_thread(os.path.getsize, segment) == half_a_frame_landed
+    # Half a frame landed, and was cut before the waiter heard of the failure: a crash
+    # from here on cannot replay what was answered as failed.
+    assert await asyncio.to_thread(os.path.getsize, segment) == 3 * FRAME_SIZE
 
     await asyncio.to_thread(log.partition(0).reset_to_durable)
     assert await asyncio.to_thread(os.path.getsize, segment) == 3 * FRAME_SIZE
@@ -273,6 +274,43 @@ async def test_a_short_write_is_cut_back_to_the_durable_end(data_dir: str) -> No
     await committer.close()
     await asyncio.to_thread(log.close)
     assert await asyncio.to_thread(read_back, data_dir, 0, num_partitions=3) == kept + more
+
+
+async def test_a_failed_fsync_cuts_the_unsynced_frames_before_the_waiters_hear(
+    data_dir: str,
+) -> None:
+    """Whole frames written but not fsynced are cut (in the page cache) before a waiter
+    learns of the failure, even while the reset cannot run (every fsync fails), so a
+    process that dies then does not replay them."""
+    fs = FaultInjectingFileOps()
+    log = await opened(data_dir, fs, segment_bytes=3 * FRAME_SIZE)
+    committer = GroupCommitter(log)
+    committer.start()
+    kept = await append_and_wait(committer, log, 0, 2)
+    fs.fail("fsync", errno.EIO, path_contains="partitions/0/", times=None)
+    appended = append_records(log.partition(0), 3, first=2)  # written, then the fsync fails
+    outcomes = await asyncio.gather(
+        *(committer.wait_durable(0, r.offset) for r in appended), return_exceptions=True
+    )
+    assert all(isinstance(o, DurabilityError) for o in outcomes)
+    assert all(o.durable_end_offset == 2 for o in outcomes)  # type: ignore[union-attr]
+    directory = log.partition(0).partition_dir
+    names = sorted(await asyncio.to_thread(os.listdir, directory))
+    assert names == ["00000000000000000000.log"]
+    assert await asyncio.to_thread(os.path.getsize, segment_file(directory, 0)) == 2 * FRAME_SIZE
+    with pytest.raises(OSError, match="injected"):
+        await asyncio.to_thread(log.partition(0).reset_to_durable)
+    await committer.close()
+    await asyncio.to_thread(log.close)
+    fs.clear()
+    on_disk = await asyncio.to_thread(
+        read_back, data_dir, 0, num_partitions=3, segment_bytes=3 * FRAME_SIZE
+    )
+    assert on_disk == kept
+
+
+def segment_file(directory: str, base: int) -> str:
+    return os.path.join(directory, f"{base:020d}.log")
 
 
 async def test_a_failure_after_a_roll_keeps_what_the_fsync_before_the_roll_covered(

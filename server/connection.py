@@ -1,0 +1,169 @@
+"""The HTTP connection under the app: what aiohttp answers on its own, and how long a
+connection may wait for its first request.
+
+aiohttp answers some requests without the app's middlewares: a request line or headers
+it cannot parse (its own text/plain 400), and an ``Expect`` header other than
+``100-continue`` (a text/plain 417, raised before the middlewares run). API.md promises
+``{"error_code", "error_message"}`` on every non-200 answer, so these get it too: JSON
+for a request that did not parse (its format is not known), the request's format for a
+failed expectation. A malformed request is logged in one line at debug level, not as a
+trace: it is the client's mistake, not a bug.
+
+A client that connects and sends its request line and headers slowly, or never, is cut
+off after ``request_timeout_s``. aiohttp before 3.14.5 starts no timer until a first
+request was served, and from then on only times out connections idle between requests
+(its keep-alive timer, which the daemon sets to the same timeout), so the deadline of the
+first request is ours.
+
+aiohttp builds its ``Server`` inside ``Application._make_handler``, so the runner hands
+that object our subclass, which makes our ``RequestHandler`` subclass per connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from protocol import codec, errors
+from protocol.codec import Format
+
+_log = logging.getLogger("sharecoord.http")
+
+JSON = "application/json"
+_MEDIA = {Format.MSGPACK: "application/msgpack", Format.JSON: JSON}
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """aiohttp's parser messages span lines (the bad bytes, a caret under them)."""
+    parts = [p.strip() for p in text.splitlines()]
+    line = " ".join(p for p in parts if p and set(p) != {"^"})
+    return line if len(line) <= limit else line[:limit] + "..."
+
+
+def _error_body(status: int, message: str) -> tuple[int, str]:
+    if status >= 500:
+        return errors.UNKNOWN_SERVER_ERROR, errors.UnknownServerError.default_message or ""
+    code = errors.CLUSTER_AUTHORIZATION_FAILED if status == 401 else errors.INVALID_REQUEST
+    if status == 404:
+        code = errors.UNKNOWN_TOPIC_OR_PARTITION
+    return code, message
+
+
+class ApiRequestHandler(web.RequestHandler):
+    """One connection: aiohttp's, with API error bodies and a first-request deadline."""
+
+    __slots__ = ("_first_request_timeout", "_first_request_timer")
+
+    def __init__(self, manager: web.Server, *, first_request_timeout: float, **kwargs: Any):
+        super().__init__(manager, **kwargs)
+        self._first_request_timeout = first_request_timeout
+        self._first_request_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._first_request_timer = asyncio.get_running_loop().call_later(
+            self._first_request_timeout, self._first_request_overdue
+        )
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self.request_started()
+        super().connection_lost(exc)
+
+    def request_started(self) -> None:
+        """The first request's headers arrived: the deadline is aiohttp's from here."""
+        timer, self._first_request_timer = self._first_request_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _first_request_overdue(self) -> None:
+        self._first_request_timer = None
+        _log.debug(
+            "closing a connection that sent no whole request within %gs",
+            self._first_request_timeout,
+        )
+        self.force_close()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """A request aiohttp could not parse (or a handler that escaped every guard):
+        the API's error body, and the connection closes."""
+        text = _one_line(message or (str(exc) if exc is not None else "") or "bad request")
+        if status >= 500:
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+        else:
+            _log.debug("malformed HTTP request from %s: %s", request.remote, text)
+        if request.writer.output_size > 0:
+            raise ConnectionError("the answer was already being sent; closing the connection")
+        code, text = _error_body(status, f"malformed HTTP request: {text}")
+        response = web.Response(
+            status=status, body=codec.encode_error(code, text, Format.JSON), content_type=JSON
+        )
+        response.force_close()
+        return response
+
+
+class ApiServer(web.Server):
+    """aiohttp's Server, making ApiRequestHandler connections."""
+
+    first_request_timeout: float = 60.0
+
+    def __call__(self) -> web.RequestHandler:
+        return ApiRequestHandler(
+            self, loop=self._loop, first_request_timeout=self.first_request_timeout, **self._kwargs
+        )
+
+
+def _answer_http_errors(
+    handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
+) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+    """The app's handler, with HTTP errors raised before its middlewares (aiohttp's
+    Expect handling) answered with the API's body; it also tells the connection a
+    request started."""
+
+    async def handle(request: web.BaseRequest) -> web.StreamResponse:
+        protocol = request.protocol
+        if isinstance(protocol, ApiRequestHandler):
+            protocol.request_started()
+        try:
+            return await handler(request)
+        except web.HTTPException as exc:
+            if exc.status < 400:
+                raise
+            fmt = codec.response_format(
+                request.headers.get("Content-Type"), request.headers.get("Accept")
+            )
+            code, text = _error_body(exc.status, exc.text or exc.reason)
+            return web.Response(
+                status=exc.status,
+                body=codec.encode_error(code, text, fmt),
+                content_type=_MEDIA[fmt],
+            )
+
+    return handle
+
+
+class ApiAppRunner(web.AppRunner):
+    """``web.AppRunner`` whose server is an ApiServer (see the module docstring)."""
+
+    def __init__(self, app: web.Application, *, request_timeout_s: float, **kwargs: Any):
+        super().__init__(app, **kwargs)
+        self._request_timeout_s = request_timeout_s
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        # Application._make_handler builds a plain Server; ours only adds __call__ and a
+        # class attribute, so the object keeps every field it was built with.
+        server.__class__ = ApiServer
+        assert isinstance(server, ApiServer)
+        server.first_request_timeout = self._request_timeout_s
+        server.request_handler = _answer_http_errors(server.request_handler)
+        return server
