@@ -1,6 +1,6 @@
 """`make bench`: sharecoord next to its ceiling and its peers, in one run on one machine.
 
-    python -m bench [--quick] [--only http,peers,recovery,spark] [--duration S]
+    python -m bench [--quick] [--only http,peers,recovery,memory,spark] [--duration S]
 
 Writes bench/results/latest.{json,md,png} and prints the Markdown table.
 """
@@ -273,6 +273,49 @@ def recovery_scenario(work: Path, records: int) -> dict[str, Any]:
     }
 
 
+def _resident_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _rss_when_ready(data: Path) -> int:
+    """The daemon's resident set once it has loaded `data` and serves (after a moment
+    for the load's garbage to be collected)."""
+    port = free_port()
+    with running(_daemon_argv(data, port, "warning"), env=_python_env(), log=os.devnull) as proc:
+        _wait_ready(f"http://127.0.0.1:{port}")
+        time.sleep(1.0)
+        return _resident_bytes(proc.pid)
+
+
+def memory_scenario(work: Path, share_partitions: int) -> dict[str, Any]:
+    """Resident memory per idle share-partition: the daemon's RSS after loading a log of
+    `share_partitions` keys (each initialized and then written three times, so it holds
+    a few in-flight batches), less its RSS on an empty data directory."""
+    writes = 3
+    _say(f"memory: building a log of {share_partitions:,} share-partitions")
+    built = build_log(
+        work / "memory-data",
+        share_partitions * writes,
+        writes_per_key=writes,
+        progress=False,
+    )
+    empty = _rss_when_ready(work / "memory-empty")
+    loaded = _rss_when_ready(built.data_dir)
+    per_key = (loaded - empty) / built.keys
+    _say(f"  {per_key:,.0f} bytes resident per share-partition")
+    return {
+        "name": "resident memory per idle share-partition",
+        "share_partitions": built.keys,
+        "rss_empty_mib": empty / 2**20,
+        "rss_loaded_mib": loaded / 2**20,
+        "bytes_per_share_partition": per_key,
+        "note": f"{built.records:,} records: one initialize and {writes} writes each",
+    }
+
+
 def ratios(http: list[LoadResult]) -> dict[str, float]:
     def best(prefix: str, batched: bool) -> float | None:
         rows = [
@@ -299,7 +342,7 @@ def ratios(http: list[LoadResult]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs, small logs")
-    parser.add_argument("--only", default="http,peers,recovery,spark")
+    parser.add_argument("--only", default="http,peers,recovery,memory,spark")
     parser.add_argument("--duration", type=float, default=None, help="seconds per load run")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -328,6 +371,8 @@ def main(argv: list[str] | None = None) -> int:
         results["ratios"] = ratios(http)
         if "recovery" in only:
             results["recovery"] = [recovery_scenario(work, 100_000 if args.quick else 1_000_000)]
+        if "memory" in only:
+            results["memory"] = [memory_scenario(work, 20_000 if args.quick else 200_000)]
         if "spark" in only:
             results["spark"] = spark_scenarios(work, args.quick)
     paths = report.save(results, RESULTS)

@@ -38,13 +38,15 @@ def build_log(
     *,
     seed: int = 1,
     segment_bytes: int = 100 * 1024 * 1024,
+    writes_per_key: int = WRITES_PER_KEY,
     progress: bool = True,
 ) -> BuiltLog:
-    """A data directory of about `records` records over `records / 50` share-partitions.
-    Small `segment_bytes` seal most of the log, for compaction to work on."""
+    """A data directory of about `records` records over `records / writes_per_key`
+    share-partitions. Small `segment_bytes` seal most of the log, for compaction to work
+    on."""
     started = time.monotonic()
     rng = random.Random(seed)
-    keys_wanted = max(1, records // WRITES_PER_KEY)
+    keys_wanted = max(1, records // writes_per_key)
     keys = [ShareKey(f"log-group-{i % 1000}", TOPIC_ID, i // 1000) for i in range(keys_wanted)]
     shards = [ShareCoordinatorShard(ShardConfig()) for _ in range(NUM_PARTITIONS)]
     owner = {k: partition_for(k.group_id, k.topic_id, k.partition, NUM_PARTITIONS) for k in keys}

@@ -62,6 +62,17 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {row['name']} | {_fmt(row['records'])} | {_fmt(row['seconds'], 2)} | "
                 f"{_fmt(row['records_per_s'])} | {row.get('note', '')} |"
             )
+    for row in results.get("memory") or []:
+        lines += [
+            "",
+            "## Memory",
+            "",
+            "| what | share-partitions | RSS empty | RSS loaded | bytes each | note |",
+            "| --- | ---: | ---: | ---: | ---: | --- |",
+            f"| {row['name']} | {_fmt(row['share_partitions'])} | "
+            f"{row['rss_empty_mib']:.0f} MiB | {row['rss_loaded_mib']:.0f} MiB | "
+            f"{_fmt(row['bytes_per_share_partition'])} | {row.get('note', '')} |",
+        ]
     notes = results.get("notes") or []
     if notes:
         lines += ["", "## Notes", ""] + [f"* {note}" for note in notes]
