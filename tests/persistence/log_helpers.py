@@ -1,14 +1,25 @@
-"""Shared helpers for the log's tests: deterministic records, filling a partition, and
-the check every recovery test ends with (appends and group commit work, and a reopen
-reads everything back)."""
+"""Shared helpers for the log's tests: deterministic records, filling a partition, the
+check every recovery test ends with (appends and group commit work, and a reopen reads
+everything back), and an independent fold of sealed segments for compaction tests."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 
-from persistence import FileOps, GroupCommitter, LogRecord, PartitionLog, StateLog, encode_frame
+from persistence import (
+    FileOps,
+    GroupCommitter,
+    LogRecord,
+    PartitionLog,
+    StateLog,
+    encode_frame,
+    list_segments,
+    read_segment,
+)
 from persistence.frame import iter_frames
+from protocol.records import RecordDecoder, ShareSnapshot, encode_key, encode_value
+from protocol.replay import ShareStateMap
 
 NUM_PARTITIONS = 2
 VALUE_SIZE = 40
@@ -114,3 +125,41 @@ def tree_snapshot(root: str) -> dict[str, bytes]:
             path = os.path.join(directory, name)
             snapshot[os.path.relpath(path, root)] = file_bytes(path)
     return snapshot
+
+
+def fold_sealed(directory: str) -> tuple[int, list[bytes], list[str]]:
+    """A partition directory's sealed segments folded as the Spark job folds them, by
+    plain replay: one ShareSnapshot per live key (with its fencing maxima) and a
+    tombstone per deleted one, each at the offset of the key's last record. Returns the
+    first offset, the frames, and the segment paths they replace."""
+    sealed = list_segments(directory)[:-1]
+    state = ShareStateMap(500)
+    decoder = RecordDecoder()
+    last = {}
+    for segment in sealed:
+        for frame in read_segment(segment.path):
+            record = decoder.decode(frame.record_type, frame.key, frame.value)
+            state.replay(frame.offset, record)
+            last[record.key] = (frame.offset, frame.timestamp)
+    frames = []
+    for key, (offset, timestamp) in sorted(last.items(), key=lambda item: item[1]):
+        entry = state.get(key)
+        if entry is None:
+            frames.append(encode_frame(offset, timestamp, 0, encode_key(key), None))
+            continue
+        s = entry.state
+        snapshot = ShareSnapshot(
+            key,
+            s.snapshot_epoch,
+            s.state_epoch,
+            s.leader_epoch,
+            s.start_offset,
+            s.create_timestamp,
+            s.write_timestamp,
+            s.state_batches,
+            s.delivery_complete_count,
+            entry.leader_fence,
+            entry.state_fence,
+        )
+        frames.append(encode_frame(offset, timestamp, 0, encode_key(key), encode_value(snapshot)))
+    return sealed[0].base_offset, frames, [s.path for s in sealed]

@@ -38,15 +38,12 @@ from persistence import (
     FaultInjectingFileOps,
     SwapIncompleteError,
     commit_staged,
-    encode_frame,
     list_segments,
     partition_dir,
-    read_segment,
     write_staged,
 )
 from persistence.frame import iter_frames
-from protocol.records import RecordDecoder, ShareSnapshot, encode_key, encode_value
-from protocol.replay import ShareStateMap
+from tests.persistence.log_helpers import fold_sealed
 from tests.server.daemons import (
     INITIAL,
     TOPIC,
@@ -398,48 +395,12 @@ def _injecting(fault: Fault | None, p: int) -> FaultInjectingFileOps:
     return fs
 
 
-def folded(directory: str) -> tuple[int, list[bytes], list[str]]:
-    """The sealed segments folded as the Spark job folds them: one ShareSnapshot per key
-    (with its fencing maxima) at the offset of its last record."""
-    sealed = list_segments(directory)[:-1]
-    state = ShareStateMap(500)
-    decoder = RecordDecoder()
-    last = {}
-    for segment in sealed:
-        for frame in read_segment(segment.path):
-            record = decoder.decode(frame.record_type, frame.key, frame.value)
-            state.replay(frame.offset, record)
-            last[record.key] = (frame.offset, frame.timestamp)
-    frames = []
-    for key, (offset, timestamp) in sorted(last.items(), key=lambda item: item[1]):
-        entry = state.get(key)
-        if entry is None:
-            frames.append(encode_frame(offset, timestamp, 0, encode_key(key), None))
-            continue
-        s = entry.state
-        snapshot = ShareSnapshot(
-            key,
-            s.snapshot_epoch,
-            s.state_epoch,
-            s.leader_epoch,
-            s.start_offset,
-            s.create_timestamp,
-            s.write_timestamp,
-            s.state_batches,
-            s.delivery_complete_count,
-            entry.leader_fence,
-            entry.state_fence,
-        )
-        frames.append(encode_frame(offset, timestamp, 0, encode_key(key), encode_value(snapshot)))
-    return sealed[0].base_offset, frames, [s.path for s in sealed]
-
-
 def swap_interrupted_at(step: str) -> Damage:
     stage_fault, commit_fault, commit = SWAP_STEPS[step]
 
     def damage(built: Built, p: int) -> Outcome:
         directory = partition_dir(str(built.data_dir), p)
-        base, frames, replaced = folded(directory)
+        base, frames, replaced = fold_sealed(directory)
         crashed = False
         try:
             write_staged(directory, base, frames, replaced, fs=_injecting(stage_fault, p))

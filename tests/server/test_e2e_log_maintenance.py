@@ -15,10 +15,10 @@ import asyncio
 import random
 import time
 
-from persistence import encode_frame, list_segments, partition_dir, read_segment, write_staged
-from protocol.records import RecordDecoder, ShareSnapshot, encode_key, encode_value
-from protocol.replay import ShareStateMap
+from persistence import list_segments, partition_dir, write_staged
+from protocol.records import ShareSnapshot
 from server.tools import iter_records
+from tests.persistence.log_helpers import fold_sealed
 from tests.server.daemons import (
     TOPIC,
     Acknowledged,
@@ -41,39 +41,9 @@ def stage_compaction(data_dir: str, partition: int) -> str:
     """Fold the sealed segments of a partition into one snapshot per key at the offset
     of the key's last record (a tombstone stays a tombstone), and stage it."""
     directory = partition_dir(data_dir, partition)
-    sealed = list_segments(directory)[:-1]
-    assert len(sealed) >= 2, sealed
-    state = ShareStateMap(500)
-    decoder = RecordDecoder()
-    last = {}
-    for segment in sealed:
-        for frame in read_segment(segment.path):
-            record = decoder.decode(frame.record_type, frame.key, frame.value)
-            state.replay(frame.offset, record)
-            last[record.key] = (frame.offset, frame.timestamp)
-    frames = []
-    for key, (offset, timestamp) in sorted(last.items(), key=lambda item: item[1]):
-        entry = state.get(key)
-        if entry is None:
-            frames.append(encode_frame(offset, timestamp, 0, encode_key(key), None))
-            continue
-        s = entry.state
-        snapshot = ShareSnapshot(
-            key,
-            s.snapshot_epoch,
-            s.state_epoch,
-            s.leader_epoch,
-            s.start_offset,
-            s.create_timestamp,
-            s.write_timestamp,
-            s.state_batches,
-            s.delivery_complete_count,
-            entry.leader_fence,
-            entry.state_fence,
-        )
-        frames.append(encode_frame(offset, timestamp, 0, encode_key(key), encode_value(snapshot)))
-    base = sealed[0].base_offset
-    write_staged(directory, base, frames, [s.path for s in sealed])
+    assert len(list_segments(directory)) >= 3, "needs two sealed segments"
+    base, frames, replaced = fold_sealed(directory)
+    write_staged(directory, base, frames, replaced)
     return f"{partition}/{base}"
 
 
