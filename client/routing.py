@@ -121,6 +121,9 @@ class Router:
         self._owners: dict[int, NodeAddress] = {}
         self._nodes: dict[int, NodeAddress] = {}
         self._inflight: dict[int, asyncio.Future[NodeAddress | Failure]] = {}
+        # Why the last finished lookup of a state partition found no owner: said again
+        # when a later lookup runs out of time, which alone would not say why.
+        self._last_failure: dict[int, Failure] = {}
         self._queued: list[int] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._next_bootstrap = 0
@@ -163,10 +166,13 @@ class Router:
             if future.done():
                 found[p] = future.result()
             else:
+                last = self._last_failure.get(p)
                 found[p] = Failure(
                     errors.COORDINATOR_NOT_AVAILABLE,
-                    f"no find-coordinator answer for state partition {p} within the deadline",
+                    f"no find-coordinator answer for state partition {p} within the deadline"
+                    + (f" (the lookup before: {last.message})" if last is not None else ""),
                     True,
+                    last.cause if last is not None else None,
                 )
         return found
 
@@ -261,6 +267,9 @@ class Router:
     def _resolve(self, p: int, result: NodeAddress | Failure) -> None:
         if isinstance(result, NodeAddress):
             self._owners[p] = result
+            self._last_failure.pop(p, None)
+        else:
+            self._last_failure[p] = result
         future = self._inflight.pop(p, None)
         if future is not None and not future.done():
             future.set_result(result)

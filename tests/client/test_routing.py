@@ -16,6 +16,9 @@ from client import (
     InitializePartition,
     UnknownTopicOrPartition,
 )
+from client.retry import Failure
+from client.routing import Router
+from protocol import errors
 from protocol.routing import partition_for
 from protocol.topic_id import canonical_topic_id
 from tests.client.conftest import TOPIC, entry_results, request_ended
@@ -182,3 +185,33 @@ async def test_a_dead_bootstrap_node_is_skipped(shared_daemon, clients, group):
     await client.initialize(group, TOPIC, 0, state_epoch=0, start_offset=11)
     assert (await client.read_summary(group, TOPIC, 0)).start_offset == 11
     assert client.stats.coordinator_lookups == 2  # the dead one, then the live one
+
+
+async def test_a_lookup_out_of_time_says_why_the_lookup_before_failed():
+    """A call that runs out of time while its owner is being looked up again ends with
+    the reason the previous lookup failed, not only with "no answer in time"."""
+    refused = Failure(
+        errors.COORDINATOR_NOT_AVAILABLE, "request to http://node-a:9095 failed: refused", True
+    )
+    never = asyncio.Event()
+    calls = 0
+
+    async def find(url: str, keys: list[str]) -> Failure:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            await never.wait()  # the second lookup gets no answer in time
+        return refused
+
+    router = Router(["http://node-a:9095"], 3, find, max_keys_per_request=10)
+    try:
+        assert await router.owners([2], timeout=5) == {2: refused}
+        [late] = (await router.owners([2], timeout=0.05)).values()
+        assert isinstance(late, Failure)
+        assert late.code == errors.COORDINATOR_NOT_AVAILABLE and late.retriable
+        assert "no find-coordinator answer for state partition 2 within the deadline" in (
+            late.message
+        )
+        assert refused.message in late.message
+    finally:
+        await router.close()
