@@ -15,6 +15,7 @@ import hashlib
 import hmac
 import logging
 import os
+import re
 import ssl
 import stat
 from typing import NoReturn
@@ -51,21 +52,26 @@ def load_token(path: str) -> bytes:
 def check_bearer(header: str | None, token: bytes) -> bool:
     """Whether an ``Authorization`` header value is ``Bearer <token>``.
 
-    The scheme is case-insensitive (RFC 7235). Both sides are hashed to 32 bytes before
-    ``hmac.compare_digest`` so neither the content nor the length of the token shows in
-    the time taken.
+    The scheme is case-insensitive (RFC 9110 §11.1) and parted from the token by spaces
+    or tabs, never by other characters Python counts as whitespace (a NEL or a no-break
+    space is part of what was sent, not a separator). Both sides are hashed to 32 bytes
+    before ``hmac.compare_digest`` so neither the content nor the length of the token
+    shows in the time taken.
     """
     if header is None:
         return False
-    parts = header.split(None, 1)
-    if len(parts) != 2 or parts[0].lower() != "bearer":
+    match = _BEARER.fullmatch(header.strip(" \t"))
+    if match is None:
         return False
     try:
         # aiohttp decodes header bytes as UTF-8 with surrogateescape; undo that.
-        offered = parts[1].strip().encode("utf-8", "surrogateescape")
+        offered = match.group(1).encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         return False
     return hmac.compare_digest(hashlib.sha256(offered).digest(), hashlib.sha256(token).digest())
+
+
+_BEARER = re.compile(r"bearer[ \t]+([^ \t]+)", re.IGNORECASE | re.ASCII)
 
 
 def server_ssl_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:

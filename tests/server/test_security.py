@@ -300,6 +300,13 @@ def test_check_bearer_accepts_exactly_the_token_with_any_case_scheme(header):
         "Token s3cr3t-token",
         "Bearer s3cr3t-tok\u00e9n",
         "Bearer s3cr3t-token\udcff",
+        # Only spaces and tabs part the scheme from the token (RFC 9110), not what
+        # str.split() also calls whitespace.
+        "Bearer\x85s3cr3t-token",
+        "Bearer\u00a0s3cr3t-token",
+        "Bearer\u2003s3cr3t-token",
+        "Bearer s3cr3t-token\x85",
+        "\x1cBearer s3cr3t-token",
     ],
 )
 def test_check_bearer_refuses_anything_else(header):
