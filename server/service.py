@@ -115,6 +115,9 @@ class CoordinatorService:
         self._monotonic = monotonic
         self._started_at = monotonic()
         # State retention (SPEC §A): when each group was last touched by an RPC here.
+        # Kept only when retention is on, and pruned of groups without state (see
+        # expire_groups_once), so RPCs naming ever new groups cannot grow it for good.
+        self._track_touches = intervals.state_retention_ms > 0
         self._group_touched: dict[str, float] = {}
         self._last_pruned: dict[int, int] = {}
         self._jobs: list[asyncio.Task[None]] = []
@@ -171,7 +174,7 @@ class CoordinatorService:
                     (out, len(out), runtime.pending_offset())
                 )
                 out.append(result)  # type: ignore[arg-type]
-        if touched_here:
+        if touched_here and self._track_touches:
             self._group_touched[group_id] = self._monotonic()
         if placed:
             short = await self._durable_ends(placed)
@@ -455,9 +458,18 @@ class CoordinatorService:
         retention_s = self._intervals.state_retention_ms / 1000
         now = self._monotonic()
         groups: set[str] = set()
+        all_active = True
         for runtime in self.runtimes.values():
             if runtime.status is Status.ACTIVE:
                 groups |= runtime.shard.group_ids()
+            else:
+                all_active = False
+        if all_active:
+            # A group without state here needs no clock: state only comes back through
+            # an RPC, which starts it again. (With a partition loading or failed, its
+            # groups are unknown, and their clocks must stay.)
+            for group in self._group_touched.keys() - groups:
+                del self._group_touched[group]
         expired = frozenset(
             g for g in groups if now - self._group_touched.get(g, self._started_at) >= retention_s
         )

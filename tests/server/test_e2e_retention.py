@@ -17,6 +17,7 @@ import time
 
 import aiohttp
 
+from server.http import COORDINATOR
 from tests.server.daemons import TOPIC, Api, body, init_entry, partitions_in, read_entry
 
 NUM_PARTITIONS = 4
@@ -109,3 +110,24 @@ async def test_a_restart_does_not_hasten_expiry(spawn, tmp_path):
         assert await present(api, "old") == [True] * NUM_PARTITIONS
         expired_at = await wait_expired(api, "old")
     assert expired_at - started >= retention_s
+
+
+async def test_groups_without_state_leave_no_clock_behind(serve):
+    """RPCs naming ever new groups cannot grow the retention clocks for good: with
+    retention off none is kept; with it on, a pass forgets the groups without state and
+    keeps the clock of a group with state."""
+    off = await serve(partitions=NUM_PARTITIONS)
+    on = await serve(partitions=NUM_PARTITIONS, state_retention_ms=3_600_000)
+    for served in (off, on):
+        api = served.api()
+        for i in range(20):
+            codes = await api.codes("read", body(f"passer-by-{i}", (TOPIC, [read_entry(0)])))
+            assert codes == [42]  # never initialized
+        entries = [init_entry(k, 1, 10) for k in keys("kept")]
+        assert set(await api.codes("initialize", body("kept", (TOPIC, entries)))) == {0}
+    # White-box: the map is what would grow; nothing outside shows its size.
+    assert off.app[COORDINATOR].require_service()._group_touched == {}
+    service = on.app[COORDINATOR].require_service()
+    assert len(service._group_touched) == 21
+    assert await service.expire_groups_once() == 0  # nothing is old enough to expire
+    assert set(service._group_touched) == {"kept"}
