@@ -124,10 +124,15 @@ async def measure(spawn, tmp_path, figures, count: int) -> None:
     daemon = await spawn(tmp_path / "data")
     await asyncio.to_thread(send_bad_requests, daemon, 1000, 1)  # warm-up
     before = await asyncio.to_thread(rss_kib, daemon.pid)
-    await asyncio.to_thread(send_bad_requests, daemon, count, 2)
+    # Measured half way too: growth that keeps going in the second half is a leak,
+    # growth that stops is the allocator's high-water mark.
+    await asyncio.to_thread(send_bad_requests, daemon, count // 2, 2)
+    middle = await asyncio.to_thread(rss_kib, daemon.pid)
+    await asyncio.to_thread(send_bad_requests, daemon, count - count // 2, 3)
     after = await asyncio.to_thread(rss_kib, daemon.pid)
     figures.set("bad_requests", count)
     figures.set("rss_before_mib", round(before / 1024, 1))
+    figures.set("rss_half_way_mib", round(middle / 1024, 1))
     figures.set("rss_after_mib", round(after / 1024, 1))
     assert after - before < GROWTH_BOUND_MIB * 1024, (before, after)
     stderr = await asyncio.to_thread(daemon.stderr_text)
