@@ -50,6 +50,14 @@ class Pki:
     rogue_client_key: str
     encrypted_key: str
 
+    def tls_flags(self) -> list[str]:
+        """`sharecoord serve` flags for TLS with the server certificate."""
+        return ["--tls-cert", self.server_cert, "--tls-key", self.server_key]
+
+    def mtls_flags(self) -> list[str]:
+        """`sharecoord serve` flags for mutual TLS: clients of the test CA only."""
+        return [*self.tls_flags(), "--tls-client-ca", self.ca]
+
 
 def _openssl(directory: Path, command: str) -> None:
     subprocess.run(["openssl", *command.split()], cwd=directory, check=True, capture_output=True)

@@ -58,12 +58,11 @@ def tls_daemons(
 ) -> Iterator[list[Daemon]]:
     """Two daemons: TLS, and mutual TLS (it asks for a client certificate)."""
     directory = tmp_path_factory.mktemp("tls")
-    tls = ["--tls-cert", pki.server_cert, "--tls-key", pki.server_key]
     daemons = [
-        Daemon(directory / "tls", args=tls, probe_ssl=contexts.trusting),
+        Daemon(directory / "tls", args=pki.tls_flags(), probe_ssl=contexts.trusting),
         Daemon(
             directory / "mtls",
-            args=[*tls, "--tls-client-ca", pki.ca],
+            args=pki.mtls_flags(),
             probe_ssl=contexts.with_certificate,
         ),
     ]

@@ -270,12 +270,7 @@ def handshake(host: str, port: int, context: ssl.SSLContext) -> bool:
 async def refusals_under_mutual_tls(spawn, tmp_path, pki, rounds: int, figures) -> None:
     daemon = await spawn(
         tmp_path / "data",
-        "--tls-cert",
-        pki.server_cert,
-        "--tls-key",
-        pki.server_key,
-        "--tls-client-ca",
-        pki.ca,
+        *pki.mtls_flags(),
         ready=False,
     )
     good = await asyncio.to_thread(client_ssl_context, pki.ca, pki.client_cert, pki.client_key)

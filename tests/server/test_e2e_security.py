@@ -117,10 +117,7 @@ async def _served(api: Api) -> list[int]:
 async def test_tls_serves_a_client_that_trusts_the_ca(spawn, tmp_path, pki, clients, session):
     daemon = await spawn(
         tmp_path / "data",
-        "--tls-cert",
-        pki.server_cert,
-        "--tls-key",
-        pki.server_key,
+        *pki.tls_flags(),
         ssl_context=clients.trusting,
     )
     assert daemon.scheme == "https"
@@ -139,12 +136,7 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate(
 ):
     daemon = await spawn(
         tmp_path / "data",
-        "--tls-cert",
-        pki.server_cert,
-        "--tls-key",
-        pki.server_key,
-        "--tls-client-ca",
-        pki.ca,
+        *pki.mtls_flags(),
         ssl_context=clients.with_cert,
     )
     with pytest.raises(aiohttp.ClientConnectionError):
@@ -167,12 +159,7 @@ def token_file(tmp_path: Path) -> Path:
 async def test_mutual_tls_and_token_together(spawn, tmp_path, pki, clients, session, token_file):
     daemon = await spawn(
         tmp_path / "data",
-        "--tls-cert",
-        pki.server_cert,
-        "--tls-key",
-        pki.server_key,
-        "--tls-client-ca",
-        pki.ca,
+        *pki.mtls_flags(),
         "--auth-token-file",
         str(token_file),
         ssl_context=clients.with_cert,
