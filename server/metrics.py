@@ -14,6 +14,7 @@ outcome="ok")``) rather than looking it up per call.
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import re
@@ -116,7 +117,7 @@ class HistogramChild:
 C = TypeVar("C", CounterChild, GaugeChild, HistogramChild)
 
 
-class _Metric(Generic[C]):
+class _Metric(abc.ABC, Generic[C]):
     type_name: ClassVar[str]
     reserved_labels: ClassVar[frozenset[str]] = frozenset()
 
@@ -136,8 +137,9 @@ class _Metric(Generic[C]):
         self._children: dict[Labels, C] = {}
         self._unlabelled: C | None = self.labels() if not labelnames else None
 
+    @abc.abstractmethod
     def _new_child(self) -> C:
-        raise NotImplementedError
+        """A child holding this family's value for one set of label values."""
 
     def labels(self, *values: object, **named: object) -> C:
         """The child for these label values (created at first use)."""
@@ -164,9 +166,9 @@ class _Metric(Generic[C]):
             raise ValueError(f"{self.name} has labels {self.labelnames}: use .labels()")
         return self._unlabelled
 
+    @abc.abstractmethod
     def samples(self) -> Iterator[tuple[str, Labels, Labels, float]]:
         """(name suffix, label names, label values, value) of every sample."""
-        raise NotImplementedError
 
 
 class Counter(_Metric[CounterChild]):
