@@ -151,7 +151,9 @@ def find_coordinator(cluster: ClusterMap, keys: list[str]) -> list[CoordinatorRe
             continue
         state_partition = partition_for(group_id, topic_id, partition, cluster.num_partitions)
         owner = cluster.owner(state_partition)
-        results.append(CoordinatorResult(key, state_partition, owner.id, owner.host, owner.port))
+        results.append(
+            CoordinatorResult(key, state_partition, owner.id, owner.host, owner.port, 0, None)
+        )
     return results
 
 

@@ -29,8 +29,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.shard import MAX_RECORDS_PER_SNAPSHOT
 from server.cluster import ClusterError, ClusterMap, check_partition_count, load_cluster
-from server.shard import MAX_RECORDS_PER_SNAPSHOT
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -13,16 +13,24 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from persistence import FileOps, GroupCommitter, StateLog
 from protocol import codec, errors
 from protocol.codec import BodyError, Format
-from protocol.messages import Rpc
+from protocol.messages import (
+    Acknowledged,
+    CompactionCommitted,
+    PartitionStatuses,
+    Rpc,
+    TopicDeleted,
+)
 from protocol.records import ShareKey
+from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
@@ -32,7 +40,6 @@ from server.metrics import ShareCoordinatorMetrics
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
 from server.service import CoordinatorService, JobIntervals, ServiceError
-from server.shard import ShardConfig
 
 _log = logging.getLogger("sharecoord.http")
 
@@ -341,7 +348,7 @@ def _rpc_handler(rpc: Rpc) -> Callable[[web.Request], Awaitable[web.StreamRespon
         except BodyError as exc:
             metrics.rpc_requests.labels(name, errors.INVALID_REQUEST).inc()
             return error_response(400, errors.INVALID_REQUEST, str(exc), out)
-        response = await coordinator.require_service().handle(decoded)
+        response = await coordinator.require_service().handle(rpc, decoded)
         encoded = codec.encode_response(response, out)
         metrics.rpc_requests.labels(name, "ok").inc()
         metrics.rpc_latency.labels(name).observe(time.perf_counter() - started)
@@ -385,7 +392,9 @@ async def handle_admin_state(request: web.Request) -> web.StreamResponse:
             f"no state for group {group_id!r}, topic {spelled}, partition {partition}",
             fmt,
         )
-    return _respond(codec.encode_admin_state(replace(state, topic_id=spelled), fmt), fmt)
+    return _respond(
+        codec.encode_admin_state(msgspec.structs.replace(state, topic_id=spelled), fmt), fmt
+    )
 
 
 _DECIMAL = re.compile(r"-?[0-9]+")
@@ -423,7 +432,7 @@ async def handle_register_topic(request: web.Request) -> web.StreamResponse:
     except BodyError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), out)
     await request.app[COORDINATOR].require_service().register_topic(topic_id, partition_count)
-    return _respond(codec.encode_object({"error_code": 0}, out), out)
+    return _respond(codec.encode(Acknowledged(0), out), out)
 
 
 async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
@@ -437,21 +446,19 @@ async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
         deleted = await service.delete_topic(topic_id)
     except ServiceError as exc:
         return _service_error(exc, fmt)
-    return _respond(
-        codec.encode_object({"error_code": 0, "deleted_share_partitions": deleted}, fmt), fmt
-    )
+    return _respond(codec.encode(TopicDeleted(0, deleted), fmt), fmt)
 
 
 async def handle_commit_compaction(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
     committed, stale = await request.app[COORDINATOR].require_service().commit_compaction()
-    return _respond(codec.encode_object({"committed": committed, "stale": stale}, fmt), fmt)
+    return _respond(codec.encode(CompactionCommitted(committed, stale), fmt), fmt)
 
 
 async def handle_partitions(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
     service = request.app[COORDINATOR].require_service()
-    return _respond(codec.encode_object({"partitions": service.partition_statuses()}, fmt), fmt)
+    return _respond(codec.encode(PartitionStatuses(service.partition_statuses()), fmt), fmt)
 
 
 async def handle_healthz(request: web.Request) -> web.StreamResponse:

@@ -19,6 +19,8 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+import msgspec
+
 from persistence import LogError, LogRecord, partition_dir, read_meta, read_partition, verify
 from protocol.records import (
     Record,
@@ -118,7 +120,7 @@ def record_fields(record: Record) -> dict[str, Any]:
             delivery_complete_count=record.delivery_complete_count,
             fence_leader_epoch=record.fence_leader_epoch,
             fence_state_epoch=record.fence_state_epoch,
-            state_batches=[b._asdict() for b in record.state_batches],
+            state_batches=[msgspec.structs.asdict(b) for b in record.state_batches],
         )
     elif type(record) is ShareUpdate:
         out.update(
@@ -126,7 +128,7 @@ def record_fields(record: Record) -> dict[str, Any]:
             leader_epoch=record.leader_epoch,
             start_offset=record.start_offset,
             delivery_complete_count=record.delivery_complete_count,
-            state_batches=[b._asdict() for b in record.state_batches],
+            state_batches=[msgspec.structs.asdict(b) for b in record.state_batches],
         )
     return out
 

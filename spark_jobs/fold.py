@@ -42,8 +42,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
 from persistence.frame import encode_frame
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
@@ -51,14 +49,20 @@ from protocol.records import (
     RecordDecodeError,
     RecordDecoder,
     ShareSnapshot,
+    decode_snapshot_value,
+    decode_update_value,
     encode_value,
 )
-from protocol.replay import KeyState, ShareGroupOffset, ShareStateMap
 
-# The replay's own rules for the fence fields: the light phase must take the maxima
-# exactly as ShareStateMap does, None fences and all.
-from protocol.replay import _max_epoch as max_epoch
-from protocol.replay import _max_optional_epoch as max_optional_epoch
+# max_epoch and max_optional_epoch are the replay's own rules for the fence fields: the
+# light phase must take the maxima exactly as ShareStateMap does, None fences and all.
+from protocol.replay import (
+    KeyState,
+    ShareGroupOffset,
+    ShareStateMap,
+    max_epoch,
+    max_optional_epoch,
+)
 from spark_jobs.sealed import RawRecord
 
 # The replay's snapshot-update counter is bookkeeping the fold does not keep (SPEC §A.1
@@ -68,12 +72,6 @@ _RECORDS_PER_SNAPSHOT = 500
 # Stands in for a key's state before its tail replays: the tail starts with a snapshot,
 # which replaces it.
 _PLACEHOLDER = ShareGroupOffset(0, 0, 0, -1, 0, 0, [])
-
-# Value fields by position (protocol/records.py).
-_SNAPSHOT_FIELDS = 10
-_STATE_EPOCH, _LEADER_EPOCH, _SNAPSHOT_BATCHES, _FENCE_LEADER, _FENCE_STATE = 1, 2, 6, 8, 9
-_UPDATE_FIELDS = 5
-_UPDATE_LEADER_EPOCH, _UPDATE_BATCHES = 1, 3
 
 
 @dataclass
@@ -131,9 +129,10 @@ def _retire_tail(history: _KeyHistory) -> None:
             if value is None:  # a tombstone clears the key
                 present, leader, state = False, None, None
                 continue
-            fields = _fields(value, _SNAPSHOT_FIELDS, _SNAPSHOT_BATCHES)
-            leader_epoch, fence_leader = fields[_LEADER_EPOCH], fields[_FENCE_LEADER]
-            state_epoch, fence_state = fields[_STATE_EPOCH], fields[_FENCE_STATE]
+            snapshot = decode_snapshot_value(value)
+            _check_batches(snapshot.state_batches)
+            leader_epoch, fence_leader = snapshot.leader_epoch, snapshot.fence_leader_epoch
+            state_epoch, fence_state = snapshot.state_epoch, snapshot.fence_state_epoch
             if present:
                 leader = max_optional_epoch(leader, leader_epoch, fence_leader)
                 state = max_optional_epoch(state, state_epoch, fence_state)
@@ -144,7 +143,9 @@ def _retire_tail(history: _KeyHistory) -> None:
         elif record_type == UPDATE_RECORD_TYPE:
             if value is None:
                 raise RecordDecodeError("a ShareUpdate record has a null value")
-            leader_epoch = _fields(value, _UPDATE_FIELDS, _UPDATE_BATCHES)[_UPDATE_LEADER_EPOCH]
+            update = decode_update_value(value)
+            _check_batches(update.state_batches)
+            leader_epoch = update.leader_epoch
             if present:
                 leader = max(leader, leader_epoch)
             else:
@@ -154,17 +155,10 @@ def _retire_tail(history: _KeyHistory) -> None:
     history.present, history.leader_fence, history.state_fence = present, leader, state
 
 
-def _fields(value: bytes, count: int, batches_at: int) -> Any:
-    """The value's fields, checked as RecordDecoder checks them."""
-    try:
-        fields = msgpack.unpackb(value)
-        fields[count - 1]  # the decoder reads every field up to this one
-    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
-        raise RecordDecodeError(f"undecodable record value: {exc}") from exc
-    flat = fields[batches_at]
-    if type(flat) is not list or len(flat) % 4:
+def _check_batches(flat: list[int]) -> None:
+    """What decoding the record in full would also refuse (``unflatten``)."""
+    if len(flat) % 4:
         raise RecordDecodeError("state_batches is not a flat array of 4-tuples")
-    return fields
 
 
 def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -> FoldResult:

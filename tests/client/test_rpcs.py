@@ -7,6 +7,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from client import (
@@ -92,7 +93,7 @@ async def test_kip932_worked_example_through_the_client(shared_daemon, clients, 
             "error_message": None,
             "state_epoch": state.state_epoch,
             "start_offset": state.start_offset,
-            "state_batches": [b._asdict() for b in state.state_batches],
+            "state_batches": [msgspec.structs.asdict(b) for b in state.state_batches],
         }
 
     for step in EXAMPLE["steps"]:
@@ -242,8 +243,8 @@ async def test_a_bad_entry_fails_alone_and_never_reaches_the_wire(shared_daemon,
     assert outcomes[0] is None and outcomes[5] is None
     messages = [str(o) for o in outcomes[1:5] if isinstance(o, InvalidRequest)]
     assert len(messages) == 4
-    assert "state_epoch: 2147483648 is outside the int32 range" in messages[0]
-    assert "start_offset: expected an integer, got True" in messages[1]
+    assert "state_epoch: expected an integer in int32 range, got 2147483648" in messages[0]
+    assert "start_offset: expected an integer in int64 range, got a boolean" in messages[1]
     assert "topic_id 'nope'" in messages[2]
     assert "group_id" in messages[3]
     assert await refused_requests(shared_daemon, "initialize") == refused_before

@@ -566,7 +566,7 @@ async def test_a_bug_answers_500_with_code_minus_1_and_is_logged_with_a_trace(se
     served = await serve()
     service = served.coordinator.require_service()
 
-    async def broken(request: Any) -> Any:
+    async def broken(rpc: Any, request: Any) -> Any:
         raise RuntimeError("a bug in the service")
 
     service.handle = broken  # type: ignore[method-assign]

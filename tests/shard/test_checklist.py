@@ -8,8 +8,9 @@ from __future__ import annotations
 from protocol import errors
 from protocol.batches import StateBatch, combine_state_batches
 from protocol.records import ShareSnapshot, ShareTombstone, ShareUpdate
-from server.shard import DeleteOp, ReadSummaryOp, ShardConfig
+from protocol.shard import ShardConfig
 from tests.shard.harness import KEY, Catalog, Harness, batch
+from tests.shard.ops import DeleteOp, ReadSummaryOp
 
 
 def test_16_1_overlap_is_resolved_by_priority_not_recency():

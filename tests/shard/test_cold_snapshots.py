@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from protocol.records import ShareSnapshot
-from server.shard import ColdSnapshotOp, ShardConfig
+from protocol.shard import ShardConfig
 from tests.shard.harness import KEY, OTHER_KEY, Harness
+from tests.shard.ops import ColdSnapshotOp
 
 INTERVAL = 10_000
 

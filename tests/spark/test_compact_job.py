@@ -17,8 +17,8 @@ from pyspark.sql import SparkSession
 from persistence import StateLog, partition_dir, pending_staged, read_partition, verify
 from protocol.batches import StateBatch
 from protocol.records import ShareKey, encode_key
-from server.shard import DeleteOp, InitializeOp, Op, WriteOp
 from spark_jobs import compact
+from tests.shard.ops import DeleteOp, InitializeOp, Op, WriteOp
 from tests.spark.histories import (
     KEYS,
     Appended,
