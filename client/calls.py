@@ -268,7 +268,7 @@ def demultiplex(
     positions: list[tuple[int, int]],
     url: str,
 ) -> list[Outcome]:
-    """Each entry's result, by position (API.md: results mirror the request)."""
+    """Each entry's result, by position (docs/api.md: results mirror the request)."""
     results = response.results
     mirrored = len(results) == len(request.topics) and all(
         result.topic_id == topic.topic_id
@@ -278,7 +278,7 @@ def demultiplex(
     if not mirrored:
         failure = Failure(
             errors.UNKNOWN_SERVER_ERROR,
-            f"the response from {url} does not mirror its request (API.md)",
+            f"the response from {url} does not mirror its request (docs/api.md)",
             False,
         )
         return [failure] * len(positions)

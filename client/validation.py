@@ -1,6 +1,6 @@
 """Checks made before an entry joins a shared request.
 
-The daemon refuses a whole body (HTTP 400) for one ill-typed field (API.md). Coalesced
+The daemon refuses a whole body (HTTP 400) for one ill-typed field (docs/api.md). Coalesced
 requests carry the entries of many callers, so one caller's bad entry must never reach
 the wire: every entry is checked here first, and one that the daemon would refuse
 fails alone with INVALID_REQUEST (42) and a message naming the field. Checks the daemon

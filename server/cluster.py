@@ -1,5 +1,6 @@
-"""The static cluster map: which node owns which state partitions (DESIGN.md, "Growing
-past one machine"; API.md, the cluster file and ``find-coordinator``).
+"""The static cluster map: which node owns which state partitions
+(docs/design.md#growing-past-one-machine; docs/api.md#the-cluster-file and
+docs/api.md#find-coordinator).
 
 State partitions are the unit of ownership. A cluster file names every node and the
 state partitions it owns; each state partition has exactly one owner::
@@ -131,7 +132,7 @@ def check_partition_count(cluster: ClusterMap, partitions: int) -> None:
 
 def find_coordinator(cluster: ClusterMap, keys: list[str]) -> list[CoordinatorResult]:
     """Answer ``POST /v1/find-coordinator``: one result per key, in order. A key that
-    does not parse (SPEC §1.2) gets 42 with ``-1``/``""`` for the rest."""
+    does not parse (docs/semantics.md §1.2) gets 42 with ``-1``/``""`` for the rest."""
     results = []
     for key in keys:
         try:

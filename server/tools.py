@@ -158,6 +158,7 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     for problem in report.problems:
         out.write(f"DAMAGED {problem}\n")
     damaged = not report.ok
+    damaged_partitions: list[int] = []
     records = 0
     for result in report.partitions:
         replay_problem = None
@@ -169,10 +170,12 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
         suffix = f" ({'; '.join(notes)})" if notes else ""
         if not result.ok:
             damaged = True
+            damaged_partitions.append(result.partition)
             for damage in result.damage:
                 out.write(f"partition {result.partition}: DAMAGED {damage}\n")
         elif replay_problem is not None:
             damaged = True
+            damaged_partitions.append(result.partition)
             out.write(f"partition {result.partition}: DOES NOT REPLAY {replay_problem}\n")
         else:
             span = (
@@ -188,9 +191,13 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     verdict = "DAMAGED" if damaged else "ok"
     out.write(f"{verdict}: {len(report.partitions)} partitions, {records} records in {data_dir}\n")
     if damaged:
+        # One line: what the daemon does, where to look, and where the repair is explained.
+        which = str(damaged_partitions[0]) if len(damaged_partitions) == 1 else "P"
         out.write(
             "The daemon serves every partition that loads and answers 15 for damaged ones; "
-            "see `sharecoord log dump --partition P` for the records around the damage.\n"
+            f"`sharecoord log dump --data-dir {data_dir} --partition {which}` prints the "
+            "records before the damage; docs/operations.md#repairing-a-damaged-partition "
+            "says how to repair it.\n"
         )
     return EXIT_FAILURE if damaged else EXIT_OK
 

@@ -1,7 +1,7 @@
 """Folding a state partition's records into one ShareSnapshot per live key: the core of
 compaction, pure (records in, records out).
 
-The result replays to exactly the state the input replays to (SPEC §A.1 point 12: the
+The result replays to exactly the state the input replays to (docs/semantics.md §A.1 point 12: the
 same admin state for every key, fencing maxima included; the snapshot-update counter
 restarts). The fold does not restate the replay rules: each key's state comes from
 ``protocol.replay.ShareStateMap``, the daemon's own replay.
@@ -9,7 +9,7 @@ restarts). The fold does not restate the replay rules: each key's state comes fr
 Two phases per key, in one pass over the records in offset order:
 
 1. Light: a snapshot replaces a key's whole state, so the records of a key before its
-   last snapshot matter only for the fencing maxima (SPEC §2, §4: leaderEpochMap is the
+   last snapshot matter only for the fencing maxima (docs/semantics.md §2, §4: leaderEpochMap is the
    highest leader epoch of any record, stateEpochMap the highest state epoch of any
    snapshot, both raised by the fence fields of §A). They are decoded just enough to
    take those maxima, with the replay's own rules — and checked as the record decoder
@@ -20,7 +20,7 @@ Two phases per key, in one pass over the records in offset order:
    timestamp of the key's last record, with ``fence_leader_epoch`` /
    ``fence_state_epoch`` the resulting fences (the maxima over the whole history).
 
-Only the snapshot-update counter differs from a whole replay, as SPEC §A.1 point 12
+Only the snapshot-update counter differs from a whole replay, as docs/semantics.md §A.1 point 12
 allows: the light phase does not count updates.
 
 Per key, by what its history ends with:
@@ -33,7 +33,7 @@ Per key, by what its history ends with:
                            alone has no state epoch fence (None), which no snapshot can
                            say; only a hand-made log holds such a key
 
-A tombstone clears everything a key had (SPEC §4), so nothing before one matters.
+A tombstone clears everything a key had (docs/semantics.md §4), so nothing before one matters.
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ from protocol.replay import (
 )
 from spark_jobs.sealed import RawRecord
 
-# The replay's snapshot-update counter is bookkeeping the fold does not keep (SPEC §A.1
+# The replay's snapshot-update counter is bookkeeping the fold does not keep (docs/semantics.md §A.1
 # point 12); any valid limit gives the same states.
 _RECORDS_PER_SNAPSHOT = 500
 
@@ -121,7 +121,8 @@ def fold_records(records: Iterable[RawRecord], *, tombstone_cutoff_ms: int) -> F
 
 def _retire_tail(history: _KeyHistory) -> None:
     """Phase 1: replay the tail's effect on the fences, and nothing else. The rules are
-    ShareStateMap's (SPEC §4, §A), restated with its own helpers for the fence fields."""
+    ShareStateMap's (docs/semantics.md §4, §A), restated with its own helpers for the fence
+    fields."""
     present, leader, state = history.present, history.leader_fence, history.state_fence
     for record in history.tail:
         record_type, value = record[2], record[4]
@@ -173,7 +174,7 @@ def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -
         head = tail[0]
         if history.present:
             # The tail replays onto the key as the records before it left it: its
-            # fences (a snapshot replaces the rest, SPEC §4).
+            # fences (a snapshot replaces the rest, docs/semantics.md §4).
             state_map.keys[share_key] = KeyState(
                 _PLACEHOLDER, history.leader_fence, history.state_fence
             )

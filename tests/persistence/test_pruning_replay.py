@@ -1,9 +1,9 @@
-"""Pruning (SPEC §9, §A) never changes the state a log replays to.
+"""Pruning (docs/semantics.md §9, §A) never changes the state a log replays to.
 
 Random RPC histories run through the shard into a real partition log with small
 segments; the prune mark is the shard's last redundant offset; whole sealed segments
 below it are deleted; replaying what is left gives the same admin state for every key,
-fencing maxima included (SPEC §A.1 point 12).
+fencing maxima included (docs/semantics.md §A.1 point 12).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""combine_state_batches: SPEC §7 step by step, its worked examples, and a per-offset model."""
+"""combine_state_batches: docs/semantics.md §7 step by step, its worked examples, and a
+per-offset model."""
 
 from __future__ import annotations
 

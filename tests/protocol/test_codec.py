@@ -1,4 +1,5 @@
-"""protocol.codec: request and response bodies (API.md, SPEC §A.1), one test per rule."""
+"""protocol.codec: request and response bodies (docs/api.md, docs/semantics.md §A.1), one
+test per rule."""
 
 from __future__ import annotations
 
@@ -407,11 +408,11 @@ def test_error_body_round_trip(fmt: Format, code: int, message: str) -> None:
     assert decode_error(encode_error(code, message, fmt), fmt) == ErrorBody(code, message)
 
 
-# --- exact response shapes (API.md) ---------------------------------------------------
+# --- exact response shapes (docs/api.md) ---------------------------------------------------
 
 
 def shape(obj: Any) -> Any:
-    """Keys in order, recursively: what a reader of API.md sees."""
+    """Keys in order, recursively: what a reader of docs/api.md sees."""
     if isinstance(obj, dict):
         return [(k, shape(v)) for k, v in obj.items()]
     if isinstance(obj, list):

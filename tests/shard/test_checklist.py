@@ -1,4 +1,4 @@
-"""SPEC §16, the edge-case checklist, as §A / §A.1 adapt it: one test per item.
+"""docs/semantics.md §16, the edge-case checklist, as §A / §A.1 adapt it: one test per item.
 
 Item 14 (request-level validation) is a property of the HTTP edge under §A; it is
 tested with the codec and the daemon (tests/protocol/test_codec.py, tests/server)."""

@@ -1,4 +1,4 @@
-"""SPEC §10: cold-partition snapshotting, one test per rule."""
+"""docs/semantics.md §10: cold-partition snapshotting, one test per rule."""
 
 from __future__ import annotations
 

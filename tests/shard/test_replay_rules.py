@@ -1,4 +1,4 @@
-"""SPEC §4 (replay rules) and §9 (offsets manager), one test per numbered rule."""
+"""docs/semantics.md §4 (replay rules) and §9 (offsets manager), one test per numbered rule."""
 
 from __future__ import annotations
 

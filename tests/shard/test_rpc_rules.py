@@ -1,5 +1,6 @@
-"""SPEC §5 (the RPCs), §6 (snapshot or update) and §15 (delivery_complete_count), with the
-adaptations of §A / §A.1. One test per rule, named after it."""
+"""docs/semantics.md §5 (the RPCs), §6 (snapshot or update) and §15
+(delivery_complete_count), with the adaptations of §A / §A.1. One test per rule, named
+after it."""
 
 from __future__ import annotations
 

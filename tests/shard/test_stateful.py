@@ -1,7 +1,7 @@
 """Stateful hypothesis test of the shard.
 
 Random sequences of RPCs (and the periodic jobs) run against the shard and against a
-model that restates SPEC §4-§6, §10 and §A directly as state transitions (no records).
+model that restates docs/semantics.md §4-§6, §10 and §A directly as state transitions (no records).
 After every step:
 
 * every response equals the model's;

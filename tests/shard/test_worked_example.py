@@ -46,7 +46,7 @@ def op_for(rpc: str, group_id: str, topic_id: str, p: dict):
 
 
 def wire(response) -> dict:
-    """The partition result as API.md spells it (the codec's job; kept minimal here)."""
+    """The partition result as docs/api.md spells it (the codec's job; kept minimal here)."""
     out = {
         "partition": response.partition,
         "error_code": response.error_code,

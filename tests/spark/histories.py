@@ -154,7 +154,8 @@ def replayed_shard(records: Iterable[tuple[int, Record]]) -> ShareCoordinatorSha
 
 
 def admin_states(shard: ShareCoordinatorShard) -> dict[ShareKey, AdminState | None]:
-    """The admin state (SPEC §A.1 point 10: stored state and fencing maxima) per key."""
+    """The admin state (docs/semantics.md §A.1 point 10: stored state and fencing maxima)
+    per key."""
     return {key: shard.admin_state(key) for key in sorted(shard)}
 
 

@@ -1,6 +1,7 @@
 """The compaction job through Spark (local[2]) on real data directories: the state
 replayed after compaction is the state before, the log verifies, it shrinks to one
-record per key plus the active segment, and the commit handshake follows DESIGN.md."""
+record per key plus the active segment, and the commit handshake follows
+docs/design.md#compaction-and-its-swap."""
 
 from __future__ import annotations
 
