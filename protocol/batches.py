@@ -1,4 +1,4 @@
-"""State batches and the rule that merges them (SPEC.md §7).
+"""State batches and the rule that merges them (docs/semantics.md §7).
 
 A state batch says that every offset in ``[first_offset, last_offset]`` has one
 delivery state and one delivery count. A share-partition's stored state holds a list of
@@ -14,7 +14,7 @@ import msgspec
 
 from protocol.widths import Int8, Int16, Int64
 
-# Delivery states of a record (SPEC §1.5). Archiving (3) exists in Kafka's enum but is
+# Delivery states of a record (docs/semantics.md §1.5). Archiving (3) exists in Kafka's enum but is
 # never persisted by KIP-932; the edge checks accept only the four below.
 AVAILABLE = 0
 ACQUIRED = 1
@@ -27,7 +27,7 @@ class StateBatch(msgspec.Struct, frozen=True, gc=False):
     """``[first_offset, last_offset]`` in one delivery state with one delivery count.
 
     The same object from the request body to the stored state and back out in a read:
-    the wire decoders check the widths; construction validates nothing (SPEC §A.1
+    the wire decoders check the widths; construction validates nothing (docs/semantics.md §A.1
     point 9), so the pure combiner passes odd input through exactly as Kafka does, and
     the edge checks live at the edge.
     """
@@ -43,7 +43,7 @@ def combine_state_batches(
 ) -> list[StateBatch]:
     """Merge ``new`` into ``current`` and drop what lies below ``start_offset``.
 
-    Kafka's PersisterStateBatchCombiner, step for step (SPEC §7):
+    Kafka's PersisterStateBatchCombiner, step for step (docs/semantics.md §7):
 
     1. Concatenate ``current + new``.
     2. Prune, unless ``start_offset == -1``: drop a batch that ends below it, trim one
@@ -92,10 +92,10 @@ def combine_state_batches(
 
     Partial coalescing is kept on purpose: a batch is final as soon as its current right
     neighbour does not merge with it, even if that neighbour is later replaced by a
-    contiguous piece with the same info (SPEC §7, "exactness trap").
+    contiguous piece with the same info (docs/semantics.md §7, "exactness trap").
 
     Raises ``ValueError`` when inverted batches (``first > last``) make the procedure
-    cycle, where Kafka's would loop forever (SPEC §A.1 point 15).
+    cycle, where Kafka's would loop forever (docs/semantics.md §A.1 point 15).
     """
     return merge_batches(current, is_clean(current), new, start_offset)[0]
 

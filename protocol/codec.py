@@ -1,4 +1,4 @@
-"""Bodies of the HTTP API (API.md) to typed messages and back, in msgpack or JSON.
+"""Bodies of the HTTP API (docs/api.md) to typed messages and back, in msgpack or JSON.
 
 Pure, no I/O: bytes in, ``protocol.messages`` Structs out, and the reverse. This module
 is the server's side (request bodies in, answers out) and what both sides share;
@@ -14,15 +14,15 @@ decoded request (``prepare_request``) does what a schema cannot say:
    one) and state batches per entry; over a limit, the whole body is refused.
 2. Each topic id is a Kafka Uuid in either spelling; its canonical 22-character form
    goes on the topic as ``key_topic_id``.
-3. The edge checks of SPEC §A: a well-typed entry that fails one is not refused with
-   the body; its ``invalid`` names the problem, and it fails alone with 42 (SPEC §A.1
+3. The edge checks of docs/semantics.md §A: a well-typed entry that fails one is not refused with
+   the body; its ``invalid`` names the problem, and it fails alone with 42 (docs/semantics.md §A.1
    points 1, 3, 13, 16). In order, the first failure wins: partition < 0 (Kafka's
    text); epochs, ``start_offset`` and ``delivery_complete_count`` < -1; then batch by
    batch: negative offsets, ``first_offset > last_offset``, a delivery state outside
    {0, 1, 2, 4}, a negative delivery count.
 4. A write whose batches are already sorted and disjoint, with no touching neighbours
    of the same state and count, is marked ``batches_combined``: combining them with
-   nothing would return them as they are (SPEC §7), so the shard skips it.
+   nothing would return them as they are (docs/semantics.md §7), so the shard skips it.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def _q_value(params: str) -> float:
 
 @dataclass(frozen=True)
 class Limits:
-    """Request size limits beyond the byte limit (API.md "Security")."""
+    """Request size limits beyond the byte limit (docs/api.md "Security")."""
 
     max_entries_per_request: int = 5000
     max_state_batches_per_entry: int = 10000
@@ -278,7 +278,8 @@ def _check_delete(entries: list[DeletePartition], max_batches: int, ti: int) -> 
 
 
 def _check_read_summary(entries: list[ReadSummaryPartition], max_batches: int, ti: int) -> None:
-    # leader_epoch is ignored by the RPC, but checked like every epoch (SPEC §A.1 pt 16).
+    # leader_epoch is ignored by the RPC, but checked like every epoch
+    # (docs/semantics.md §A.1 point 16).
     _check_read(entries, max_batches, ti)  # type: ignore[arg-type]
 
 
@@ -402,7 +403,7 @@ def encode_find_coordinator_response(resp: FindCoordinatorResponse, fmt: Format)
 
 
 def encode_admin_state(state: AdminState, fmt: Format) -> bytes:
-    """The admin state of one key (SPEC §A.1 point 10)."""
+    """The admin state of one key (docs/semantics.md §A.1 point 10)."""
     return encode(state, fmt)
 
 

@@ -4,7 +4,8 @@ The decoders run msgspec on the bytes; that is the whole cost of a good body. A 
 msgspec refuses is parsed again with the standard parsers and walked here, against the
 same declarations (``msgspec.inspect``), to name the first field that is wrong, in
 declaration order, with what was expected (taken from the declarations' widths and
-``expected`` phrases) and what was received. The rules are API.md's and SPEC §A.1's:
+``expected`` phrases) and what was received. The rules are docs/api.md's and
+docs/semantics.md §A.1's:
 
 * integers are exactly ``int`` (never a bool or a float, not even ``1.0``) within their
   width; strings are exactly ``str`` (msgpack bin is not a string);
@@ -19,7 +20,6 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-import msgspec
 from msgspec import inspect as mi
 
 from protocol.topic_id import canonical_topic_id

@@ -1,4 +1,4 @@
-"""The wire schema of the HTTP API (API.md), declared once as msgspec Structs.
+"""The wire schema of the HTTP API (docs/api.md), declared once as msgspec Structs.
 
 Field names are the snake_case forms of Kafka's RPC schema fields (apiKeys 83-87);
 the widths come from ``protocol.widths``. The same declarations are what the daemon
@@ -8,7 +8,7 @@ decodes request bodies into (``protocol.codec``), what the client encodes and de
 
 A decoded request entry is the operation itself: ``protocol.codec`` sets two things on
 it that never travel on the wire (they are attributes, not fields, so no body can set
-them): ``invalid``, the message of a failed edge check (SPEC §A: negative partition,
+them): ``invalid``, the message of a failed edge check (docs/semantics.md §A: negative partition,
 ``first_offset > last_offset``, unknown delivery state, ...), which fails that entry
 alone with INVALID_REQUEST (42); and, for a write, ``batches_combined``: its batches
 are already in the combiner's shape, so the shard can skip combining them with nothing.
@@ -213,7 +213,7 @@ class FindCoordinatorResponse(Struct):
 
 
 class Fencing(Struct):
-    """The maxima fencing uses (SPEC §2); ``state_epoch`` is null for a key built only
+    """The maxima fencing uses (docs/semantics.md §2); ``state_epoch`` is null for a key built only
     from updates."""
 
     state_epoch: Int32 | None
@@ -222,7 +222,7 @@ class Fencing(Struct):
 
 class AdminState(Struct):
     """``GET /v1/admin/state``: the stored state of one key, no fencing, no side effect
-    (SPEC §A.1 point 10). ``topic_id`` echoes the query's spelling."""
+    (docs/semantics.md §A.1 point 10). ``topic_id`` echoes the query's spelling."""
 
     group_id: str
     topic_id: str

@@ -1,9 +1,9 @@
-"""The records of the state log and their msgpack encoding (SPEC §3, §A).
+"""The records of the state log and their msgpack encoding (docs/semantics.md §3, §A).
 
 Three records, as in Kafka's ``__share_group_state`` topic:
 
 * ``ShareSnapshot``: the whole state of a share-partition; replaces what was there.
-* ``ShareUpdate``: a delta merged into the state (SPEC §4).
+* ``ShareUpdate``: a delta merged into the state (docs/semantics.md §4).
 * ``ShareTombstone``: the share-partition's state is deleted (a ShareSnapshot key with a
   null value).
 
@@ -30,7 +30,7 @@ ShareSnapshot value: a msgpack array, fields by position::
                                 first_offset, last_offset, delivery_state, delivery_count
     7 delivery_complete_count   int32, -1 = unknown (KIP-1226)
     8 fence_leader_epoch        int32 or nil: highest leader epoch seen for the key when
-                                the snapshot was written (SPEC §A)
+                                the snapshot was written (docs/semantics.md §A)
     9 fence_state_epoch         int32 or nil: highest state epoch seen likewise
 
 ShareUpdate value: a msgpack array::
@@ -60,7 +60,7 @@ UPDATE_RECORD_TYPE = 1
 
 
 class ShareKey(NamedTuple):
-    """A share-partition: (group id, canonical topic id, partition) (SPEC §1.1)."""
+    """A share-partition: (group id, canonical topic id, partition) (docs/semantics.md §1.1)."""
 
     group_id: str
     topic_id: str

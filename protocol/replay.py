@@ -1,4 +1,4 @@
-"""Replaying records into the state of a state partition (SPEC §2, §4, §9, §A).
+"""Replaying records into the state of a state partition (docs/semantics.md §2, §4, §9, §A).
 
 The one implementation of the replay rules. The daemon's shard replays every record it
 appends and every record it loads through ``ShareStateMap.replay``; the Spark jobs fold
@@ -32,7 +32,7 @@ class ShareGroupOffset(msgspec.Struct, frozen=True, gc=False):
 class KeyState:
     """Everything a state partition keeps about one share-partition key.
 
-    Kafka keeps these in separate maps keyed alike (SPEC §2); one object per key is the
+    Kafka keeps these in separate maps keyed alike (docs/semantics.md §2); one object per key is the
     same information with a fraction of the memory.
     """
 
@@ -64,7 +64,7 @@ class KeyState:
         # stateEpochMap: highest state epoch of any replayed snapshot; None while the key
         # was only ever built from updates (possible in a hand-made log only).
         self.state_fence = state_fence
-        # snapshotUpdateCount: None until the first update (SPEC §4, §16.5).
+        # snapshotUpdateCount: None until the first update (docs/semantics.md §4, §16.5).
         self.update_count: int | None = None
         # Offsets manager: log offset of the key's latest snapshot, None before one.
         self.snapshot_offset: int | None = None
@@ -83,7 +83,7 @@ def max_optional_epoch(current: int | None, epoch: int, fence: int | None) -> in
 
 class ShareStateMap:
     """The replayed state of one state partition: ``key -> KeyState``, plus the
-    offsets manager's last redundant offset (SPEC §9)."""
+    offsets manager's last redundant offset (docs/semantics.md §9)."""
 
     def __init__(self, records_per_snapshot: int) -> None:
         self.records_per_snapshot = records_per_snapshot
@@ -124,7 +124,7 @@ class ShareStateMap:
             record.state_batches,
             record.delivery_complete_count,
         )
-        # Fences are maxima over the key's history (SPEC §4.1-2); the fence fields of
+        # Fences are maxima over the key's history (docs/semantics.md §4.1-2); the fence fields of
         # sharecoord's snapshots carry that history across pruning and compaction (§A).
         entry = self.keys.get(record.key)
         if entry is None:
@@ -146,7 +146,7 @@ class ShareStateMap:
             entry.batches_clean = None
             if key_bytes is not None:
                 entry.key_bytes = key_bytes
-            # A snapshot resets the counter only once it reached the limit (SPEC §4.4).
+            # A snapshot resets the counter only once it reached the limit (docs/semantics.md §4.4).
             if entry.update_count is not None and entry.update_count >= self.records_per_snapshot:
                 entry.update_count = 0
         entry.snapshot_offset = offset
@@ -198,7 +198,7 @@ class ShareStateMap:
         self._tombstone_offset = offset
 
     def last_redundant_offset(self) -> int | None:
-        """Every record below this offset is redundant; None when nothing is (SPEC §9).
+        """Every record below this offset is redundant; None when nothing is (docs/semantics.md §9).
 
         Kafka recomputes ``min(offsets of each key's latest snapshot)`` on every snapshot
         or tombstone replay, counting a just-tombstoned key once more; computing the same

@@ -1,4 +1,4 @@
-"""Which state partition owns a share-partition key (SPEC §1.2, §1.3).
+"""Which state partition owns a share-partition key (docs/semantics.md §1.2, §1.3).
 
 The coordinator key is ``"<group_id>:<topic_id>:<partition>"`` with the topic id in its
 22-char form; its Java ``String.hashCode`` (over UTF-16 code units, 32-bit wrapping),
@@ -80,7 +80,7 @@ def partition_for_key(key: str, num_partitions: int) -> int:
 
 
 def parse_coordinator_key(key: str) -> tuple[str, str, int]:
-    """Parse ``group:topicId:partition`` as Kafka's share coordinator does (SPEC §1.2).
+    """Parse ``group:topicId:partition`` as Kafka's share coordinator does (docs/semantics.md §1.2).
 
     Java ``String.split`` semantics (trailing empty tokens dropped), exactly three
     tokens, a trimmed non-empty group id, a base64url topic id of 16 bytes, a Java int

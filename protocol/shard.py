@@ -62,7 +62,7 @@ class ShardConfig:
 
 
 class TopicMetadata(Protocol):
-    """What the shard needs of the topic catalog (SPEC §A): a topic's partition count,
+    """What the shard needs of the topic catalog (docs/semantics.md §A): a topic's partition count,
     or None for a topic it does not know."""
 
     def partition_count(self, topic_id: str) -> int | None: ...
@@ -78,7 +78,7 @@ def _max_state_fence(entry: KeyState, state_epoch: int) -> int:
 
 
 class ShareCoordinatorShard:
-    """The state of one state partition and the rules of every RPC on it (SPEC §5)."""
+    """The state of one state partition and the rules of every RPC on it (docs/semantics.md §5)."""
 
     def __init__(
         self,
@@ -88,7 +88,7 @@ class ShareCoordinatorShard:
         now_ms: Callable[[], int] = _wall_clock_ms,
     ) -> None:
         self.config = config or ShardConfig()
-        # None: no topic catalog, so no metadata checks at all (SPEC §A).
+        # None: no topic catalog, so no metadata checks at all (docs/semantics.md §A).
         self.metadata = metadata
         self._now_ms = now_ms
         self._state = ShareStateMap(self.config.records_per_snapshot)
@@ -115,12 +115,13 @@ class ShareCoordinatorShard:
     def group_ids(self) -> set[str]:
         return {key.group_id for key in self._keys}
 
-    # --- the five RPCs (SPEC §5) -------------------------------------------------------
+    # --- the five RPCs (docs/semantics.md §5) ------------------------------------------
 
     def initialize(
         self, key: ShareKey, entry: InitializePartition
     ) -> tuple[Record | None, PartitionResult]:
-        """SPEC §5.1: fence the state epoch (-1 skips), check metadata, then snapshot."""
+        """docs/semantics.md §5.1: fence the state epoch (-1 skips), check metadata,
+        then snapshot."""
         state = self._keys.get(key)
         state_epoch, start_offset = entry.state_epoch, entry.start_offset
         if (
@@ -157,14 +158,14 @@ class ShareCoordinatorShard:
     def read(
         self, key: ShareKey, entry: ReadPartition
     ) -> tuple[Record | None, ReadPartitionResult]:
-        """SPEC §5.2: the stored state; a higher leader epoch is written down first."""
+        """docs/semantics.md §5.2: the stored state; a higher leader epoch is written down first."""
         state = self._keys.get(key)
         if state is None:
             return None, ReadPartitionResult(
                 key.partition, errors.INVALID_REQUEST, errors.MSG_READ_UNINITIALIZED, 0, 0, []
             )
         leader_epoch = entry.leader_epoch
-        # No -1 exemption on read: -1 is fenced by any stored epoch >= 0 (SPEC §16.7).
+        # No -1 exemption on read: -1 is fenced by any stored epoch >= 0 (docs/semantics.md §16.7).
         if state.leader_fence > leader_epoch:
             return None, _failed_read(key, errors.FENCED_LEADER_EPOCH)
         if self._unknown_topic_partition(key):
@@ -175,12 +176,12 @@ class ShareCoordinatorShard:
         )
         if leader_epoch in (-1, state.leader_fence):
             return None, result
-        # The answer shows the state before this record (SPEC §5.2).
+        # The answer shows the state before this record (docs/semantics.md §5.2).
         record = self._write_record(key, state, leader_epoch, stored.start_offset, [], -1, True)
         return record, result
 
     def write(self, key: ShareKey, entry: WritePartition) -> tuple[Record | None, PartitionResult]:
-        """SPEC §5.3: fence both epochs (-1 exempt), then exactly one record (§6)."""
+        """docs/semantics.md §5.3: fence both epochs (-1 exempt), then exactly one record (§6)."""
         state = self._keys.get(key)
         if state is None:
             return None, PartitionResult(
@@ -210,7 +211,8 @@ class ShareCoordinatorShard:
     def delete(
         self, key: ShareKey, entry: DeletePartition | None = None
     ) -> tuple[Record | None, PartitionResult]:
-        """SPEC §5.4: metadata first, then a tombstone if there is state; no fencing."""
+        """docs/semantics.md §5.4: metadata first, then a tombstone if there is state;
+        no fencing."""
         if self._unknown_topic_partition(key):
             return None, _failed(key, errors.UNKNOWN_TOPIC_OR_PARTITION)
         if key not in self._keys:
@@ -220,7 +222,7 @@ class ShareCoordinatorShard:
     def read_summary(
         self, key: ShareKey, entry: ReadSummaryPartition | None = None
     ) -> tuple[Record | None, ReadSummaryPartitionResult]:
-        """SPEC §5.5: metadata check only; a key without state is a success."""
+        """docs/semantics.md §5.5: metadata check only; a key without state is a success."""
         if self._unknown_topic_partition(key):
             code = errors.UNKNOWN_TOPIC_OR_PARTITION
             return None, ReadSummaryPartitionResult(
@@ -241,7 +243,7 @@ class ShareCoordinatorShard:
         )
 
     def admin_state(self, key: ShareKey) -> AdminState | None:
-        """The stored state and fencing maxima of one key (SPEC §A.1 point 10)."""
+        """The stored state and fencing maxima of one key (docs/semantics.md §A.1 point 10)."""
         state = self._keys.get(key)
         if state is None:
             return None
@@ -266,11 +268,11 @@ class ShareCoordinatorShard:
         return [ShareTombstone(key) for key in self._keys if key.topic_id in topic_ids]
 
     def expire_groups(self, group_ids: frozenset[str]) -> list[Record]:
-        """State retention (SPEC §A): tombstone every key of these groups."""
+        """State retention (docs/semantics.md §A): tombstone every key of these groups."""
         return [ShareTombstone(key) for key in self._keys if key.group_id in group_ids]
 
     def cold_snapshots(self) -> list[Record]:
-        """SPEC §10: re-snapshot states untouched for the cold interval, unless every
+        """docs/semantics.md §10: re-snapshot states untouched for the cold interval, unless every
         state was already cold-snapshotted (create != write) since its last snapshot."""
         states = self._keys
         already_cold = sum(
@@ -320,7 +322,7 @@ class ShareCoordinatorShard:
         update_leader_epoch: bool,
         batches_combined: bool = False,
     ) -> Record:
-        """SPEC §6: a snapshot once the key has had enough updates, else an update.
+        """docs/semantics.md §6: a snapshot once the key has had enough updates, else an update.
 
         A write never moves the epochs: the record keeps the stored leader epoch unless
         this is a read's leader-epoch bump, and a snapshot keeps the stored state epoch.

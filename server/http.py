@@ -1,4 +1,4 @@
-"""The HTTP edge (API.md): aiohttp handlers, middlewares and the app's lifecycle.
+"""The HTTP edge (docs/api.md): aiohttp handlers, middlewares and the app's lifecycle.
 
 Bodies are decoded here (``protocol.codec``): a malformed body stops at this edge with
 400 / INVALID_REQUEST naming the field, and nothing reaches the state. Every non-200
@@ -101,7 +101,7 @@ def _accept_format(request: web.Request) -> Format:
 
 def _answer_format(request: web.Request) -> Format:
     """Format of an answer given before (or instead of) a handler: the request's format
-    when its Content-Type names one, else JSON; Accept may ask for the other (API.md)."""
+    when its Content-Type names one, else JSON; Accept may ask for the other (docs/api.md)."""
     return codec.response_format(request.headers.get("Content-Type"), request.headers.get("Accept"))
 
 
@@ -180,7 +180,7 @@ async def _send(request: web.Request, response: web.StreamResponse) -> None:
 
 def _describe_http_error(request: web.Request, exc: web.HTTPException) -> str:
     if exc.status == 404:
-        return f"no such endpoint: {request.method} {request.path} (see API.md)"
+        return f"no such endpoint: {request.method} {request.path} (see docs/api.md)"
     if exc.status == 405:
         return f"method {request.method} is not allowed on {request.path}"
     return exc.reason
@@ -215,7 +215,7 @@ async def auth_middleware(
 
 
 async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
-    """The body and its format, and the answer's format; 415 / 413 as API.md says."""
+    """The body and its format, and the answer's format; 415 / 413 as docs/api.md says."""
     content_type = request.headers.get("Content-Type")
     fmt = codec.format_of(content_type)
     if fmt is None:
@@ -638,7 +638,7 @@ def create_app(
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[errors_middleware, auth_middleware],
-        # Bodies come uncompressed (API.md); a Content-Encoding is refused (415), and
+        # Bodies come uncompressed (docs/api.md); a Content-Encoding is refused (415), and
         # aiohttp must not try to decompress what nobody reads (it logs the failure of
         # an unread body it lingers over as an unhandled exception, with a trace).
         handler_args={"auto_decompress": False},

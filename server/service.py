@@ -86,7 +86,7 @@ class CoordinatorService:
         self._on_pruned = on_pruned
         self._monotonic = monotonic
         self._started_at = monotonic()
-        # State retention (SPEC §A): when each group was last touched by an RPC here.
+        # State retention (docs/semantics.md §A): when each group was last touched by an RPC here.
         # Kept only when retention is on, and pruned of groups without state (see
         # expire_groups_once), so RPCs naming ever new groups cannot grow it for good.
         self._track_touches = intervals.state_retention_ms > 0
@@ -242,7 +242,8 @@ class CoordinatorService:
         return runtime
 
     async def admin_state(self, key: ShareKey) -> AdminState | None:
-        """The stored state of one key, no fencing, no side effect (SPEC §A.1 point 10).
+        """The stored state of one key, no fencing, no side effect
+        (docs/semantics.md §A.1 point 10).
         Like every read, it waits until what it shows is durable."""
         runtime = self._runtime_for_key(key)
         state = runtime.shard.admin_state(key)
@@ -288,7 +289,7 @@ class CoordinatorService:
 
     async def commit_compaction(self) -> tuple[list[str], list[str]]:
         """Commit every staged compaction output of the partitions this node serves
-        (DESIGN.md's handshake); returns (committed, stale) as "partition/base"."""
+        (docs/design.md's handshake); returns (committed, stale) as "partition/base"."""
         committed: list[str] = []
         stale: list[str] = []
         for state_partition, runtime in sorted(self.runtimes.items()):
@@ -365,7 +366,7 @@ class CoordinatorService:
                 except asyncio.CancelledError:
                     raise
                 except OSError as exc:
-                    # The disk, not the code: a line, not a trace (API.md keeps those
+                    # The disk, not the code: a line, not a trace (docs/api.md keeps those
                     # for bugs).
                     _log.warning(
                         "periodic job %s failed: %s; it runs again in %d ms", name, exc, interval_ms
@@ -387,7 +388,7 @@ class CoordinatorService:
 
     async def prune_once(self) -> None:
         """Delete whole sealed segments below each partition's last redundant offset
-        (SPEC §9, §A). Only a durable mark counts: the snapshots that make the older
+        (docs/semantics.md §9, §A). Only a durable mark counts: the snapshots that make the older
         records redundant must survive a crash first."""
         for state_partition, runtime in sorted(self.runtimes.items()):
             if runtime.status is not Status.ACTIVE:
@@ -422,7 +423,8 @@ class CoordinatorService:
                 )
 
     async def cold_snapshots_once(self) -> int:
-        """SPEC §10 on every active partition; returns how many snapshots were written."""
+        """docs/semantics.md §10 on every active partition; returns how many snapshots
+        were written."""
         written = 0
         touched = []
         for state_partition, runtime in self.runtimes.items():
@@ -440,9 +442,9 @@ class CoordinatorService:
         return written
 
     async def expire_groups_once(self) -> int:
-        """State retention (SPEC §A): tombstone every share-partition of a group that no
-        RPC touched here for the retention time. A group's clock starts at its last RPC
-        or at this node's start, so a restart only ever delays expiry."""
+        """State retention (docs/semantics.md §A): tombstone every share-partition of a
+        group that no RPC touched here for the retention time. A group's clock starts at
+        its last RPC or at this node's start, so a restart only ever delays expiry."""
         retention_s = self._intervals.state_retention_ms / 1000
         now = self._monotonic()
         groups: set[str] = set()
