@@ -113,7 +113,11 @@ def merge_batches(
     has passed the last new one, what remains of ``current`` is final too. Only the
     stretch the new batches touch is walked, by the same loop as the general case.
     """
-    if not current_clean or not all(b.first_offset <= b.last_offset for b in new):
+    if len(new) == 1:
+        valid = new[0].first_offset <= new[0].last_offset
+    else:
+        valid = all(b.first_offset <= b.last_offset for b in new)
+    if not current_clean or not valid:
         merged = _combine(current, new, start_offset)
         return merged, is_clean(merged)
     if start_offset != -1:
@@ -130,17 +134,15 @@ def merge_batches(
         remaining.insert(at, batch)
         if at <= last_at:
             last_at += 1
-        last_at = max(last_at, at)
-        first_at = min(first_at, at)
+        if at > last_at:
+            last_at = at
+        if at < first_at:
+            first_at = at
     # Batches of current below the first new one never merge with one another, nor the
     # last of them with the next current batch: final. The walk starts at the one just
     # before the first new batch, which may merge with it.
-    head = max(first_at - 1, 0)
-    tail = len(remaining) - 1 - last_at
-    merged, tail = _walk(remaining, head, tail)
-    # What the walk left alone is as clean as it was; check the stretch it rebuilt, and
-    # where that stretch meets what is on either side of it.
-    return merged, is_clean(merged, max(head - 1, 0), len(merged) - tail + 1)
+    head = first_at - 1 if first_at else 0
+    return _walk(remaining, head, len(remaining) - 1 - last_at)
 
 
 def is_clean(batches: list[StateBatch], lo: int = 0, hi: int | None = None) -> bool:
@@ -232,18 +234,23 @@ _INVERTED_STEP_LIMIT = 100_000
 
 def _walk(
     remaining: list[StateBatch], head: int, tail: int, check_cycles: bool = False
-) -> tuple[list[StateBatch], int]:
+) -> tuple[list[StateBatch], bool]:
     """Steps 5 to 7 over ``remaining``, a list in set order whose first ``head``
     batches are already final and whose last ``tail`` batches are an untouched clean
-    run (they never merge with one another). Returns the output and how many batches
-    at its end were that run, left as they were.
+    run (they never merge with one another). Returns the output, and whether it is
+    clean given that the input was (see ``merge_batches``).
 
     The walk only ever looks at the first two elements of the set, and every piece it
     inserts sorts at or after the pair it replaces, so the set is a sorted list with a
     moving head: batches passed over are final and leave by one slice; a piece goes in
     by bisection behind the head. Same steps as Kafka's TreeSet walk.
+
+    Every two neighbours of the output were compared by the walk, but at a joint: the
+    last final batch before a pair was resolved, and whatever came out next. Partial
+    coalescing can leave two same-info batches touching there, and only there.
     """
     final = remaining[:head]
+    joints: list[int] = []
     seen: set[tuple[StateBatch, ...]] | None = set() if check_cycles else None
     while True:
         # Step 5: walk to the first mergeable pair; everything before it is final.
@@ -261,21 +268,36 @@ def _walk(
                 break
             if i >= into_tail:
                 final += remaining[head:]
-                return final, tail
+                return final, _joints_clean(final, joints)
             prev = cand
             i += 1
         else:
             final += remaining[head:]
-            return final, 0
+            return final, _joints_clean(final, joints)
         final += remaining[head:i]
+        joints.append(len(final))
         # Step 6: replace the pair by its pieces (a set: no duplicates).
         head = i + 2
         tail = min(tail, len(remaining) - head)
+        lo = head
         for piece in _resolve(prev, cand):
-            at = bisect_left(remaining, _set_order(piece), lo=head, key=_set_order)
-            if at == len(remaining) or remaining[at] != piece:
-                remaining.insert(at, piece)
-            tail = min(tail, len(remaining) - 1 - at)
+            # Pieces of valid batches come out in order, and mostly land right where the
+            # pair was (inverted ones go by bisection, as every piece once did).
+            if seen is None and (
+                lo == len(remaining) or piece.first_offset < remaining[lo].first_offset
+            ):
+                remaining.insert(lo, piece)
+            else:
+                lo = bisect_left(
+                    remaining, _set_order(piece), lo=lo if seen is None else head, key=_set_order
+                )
+                if lo < len(remaining) and remaining[lo] == piece:
+                    lo += 1
+                    tail = min(tail, len(remaining) - lo)
+                    continue
+                remaining.insert(lo, piece)
+            lo += 1
+            tail = min(tail, len(remaining) - lo)
         if seen is not None:
             # What happens next depends only on the remaining set: seeing one again
             # means the walk would repeat forever. Valid input always makes progress,
@@ -287,6 +309,19 @@ def _walk(
                     "make the merge cycle"
                 )
             seen.add(state)
+
+
+def _joints_clean(final: list[StateBatch], joints: list[int]) -> bool:
+    for j in joints:
+        if 0 < j < len(final):
+            left, right = final[j - 1], final[j]
+            if (
+                right.first_offset == left.last_offset + 1
+                and right.delivery_count == left.delivery_count
+                and right.delivery_state == left.delivery_state
+            ):
+                return False
+    return True
 
 
 def _resolve(prev: StateBatch, cand: StateBatch) -> list[StateBatch]:
@@ -305,7 +340,7 @@ def _resolve(prev: StateBatch, cand: StateBatch) -> list[StateBatch]:
     )
     if p_count == c_count and p_state == c_state:
         return [StateBatch(p_first, max(p_last, c_last), p_state, p_count)]
-    cand_higher = (c_count, c_state) > (p_count, p_state)
+    cand_higher = c_count > p_count or (c_count == p_count and c_state > p_state)
     if c_first == p_first:
         if c_last == p_last:
             return [cand]

@@ -36,7 +36,7 @@ from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from server.metrics import ShareCoordinatorMetrics
+from server.metrics import CounterChild, ShareCoordinatorMetrics
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
 from server.service import CoordinatorService, JobIntervals, ServiceError
@@ -151,12 +151,31 @@ async def errors_middleware(
     return response
 
 
+# An answer this small goes into an empty socket buffer without waiting (aiohttp's
+# writer only waits for a drain past 64 KiB), so it needs no deadline.
+_SENT_AT_ONCE = 16 * 1024
+
+
 async def _deliver(request: web.Request, response: web.StreamResponse, timeout: float) -> None:
     """Send the answer here, within the request timeout. aiohttp would send it after the
     middlewares with no deadline at all: a client that never reads (its receive window
     full, the answer stuck in our send buffer) would hold the handler, the connection
     and the answer's memory forever. Such a client is cut off; aiohttp sends nothing
-    more for an answer already sent."""
+    more for an answer already sent.
+
+    Most answers are small and find the connection's buffer empty: sent at once, they
+    cannot wait, and skip the deadline's task (the largest cost of a small request)."""
+    transport = request.transport
+    length = response.content_length
+    if (
+        transport is not None
+        and length is not None
+        and length <= _SENT_AT_ONCE
+        and transport.get_write_buffer_size() == 0
+    ):
+        with contextlib.suppress(ConnectionError):  # the client went away
+            await _send(request, response)
+        return
     try:
         await asyncio.wait_for(_send(request, response), timeout)
     except asyncio.TimeoutError:
@@ -330,29 +349,35 @@ def _service_error(exc: ServiceError, fmt: Format) -> web.Response:
 _RPC_PATHS = {f"/v1/share-group-state/{rpc.value}": rpc.value for rpc in Rpc}
 
 
-def _rpc_handler(rpc: Rpc) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+def _rpc_handler(
+    rpc: Rpc, coordinator: Coordinator
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     name = rpc.value
+    # The metric children this route touches, looked up once.
+    metrics = coordinator.metrics
+    answered = metrics.rpc_requests.labels(name, "ok")
+    refused = metrics.rpc_requests.labels(name, errors.INVALID_REQUEST)
+    latency = metrics.rpc_latency.labels(name)
+    limits = coordinator.limits
 
     @_handles_http_errors
     async def handle_rpc(request: web.Request) -> web.StreamResponse:
-        coordinator = request.app[COORDINATOR]
-        metrics = coordinator.metrics
         started = time.perf_counter()
         try:
             body, fmt, out = await _read_body(request)
         except _HTTPError:  # 413 / 415: refused bodies, as a 400 is
-            metrics.rpc_requests.labels(name, errors.INVALID_REQUEST).inc()
+            refused.inc()
             raise
         try:
-            decoded = codec.decode_request(rpc, body, fmt, coordinator.limits)
+            decoded = codec.decode_request(rpc, body, fmt, limits)
         except BodyError as exc:
-            metrics.rpc_requests.labels(name, errors.INVALID_REQUEST).inc()
+            refused.inc()
             return error_response(400, errors.INVALID_REQUEST, str(exc), out)
         response = await coordinator.require_service().handle(rpc, decoded)
         encoded = codec.encode_response(response, out)
-        metrics.rpc_requests.labels(name, "ok").inc()
-        metrics.rpc_latency.labels(name).observe(time.perf_counter() - started)
-        return _respond(encoded, out)
+        answered.inc()
+        latency.observe(time.perf_counter() - started)
+        return web.Response(body=encoded, content_type=CONTENT_TYPES[out])
 
     handle_rpc.__name__ = f"handle_{rpc.name.lower()}"
     return handle_rpc
@@ -576,10 +601,14 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
 
 def _results_recorder(metrics: ShareCoordinatorMetrics) -> Callable[[Rpc, dict[int, int]], None]:
     results = metrics.partition_results
+    children: dict[tuple[Rpc, int], CounterChild] = {}  # a few RPCs times a few codes
 
     def record(rpc: Rpc, codes: dict[int, int]) -> None:
         for code, count in codes.items():
-            results.labels(rpc.value, code).inc(count)
+            child = children.get((rpc, code))
+            if child is None:
+                child = children[rpc, code] = results.labels(rpc.value, code)
+            child.inc(count)
 
     return record
 
@@ -637,7 +666,8 @@ def create_app(
     coordinator = Coordinator(config, cluster, token, fs)
     app = web.Application(
         client_max_size=config.max_body_bytes,
-        middlewares=[errors_middleware, auth_middleware],
+        # The bearer check runs only when there is a token to check.
+        middlewares=[errors_middleware, auth_middleware] if token else [errors_middleware],
         # Bodies come uncompressed (docs/api.md); a Content-Encoding is refused (415), and
         # aiohttp must not try to decompress what nobody reads (it logs the failure of
         # an unread body it lingers over as an unhandled exception, with a trace).
@@ -646,7 +676,7 @@ def create_app(
     app[COORDINATOR] = coordinator
     app.cleanup_ctx.append(coordinator_ctx)
     for path, rpc_name in _RPC_PATHS.items():
-        app.router.add_post(path, _rpc_handler(Rpc(rpc_name)))
+        app.router.add_post(path, _rpc_handler(Rpc(rpc_name), coordinator))
     app.router.add_post("/v1/find-coordinator", handle_find_coordinator)
     app.router.add_get("/v1/admin/state", handle_admin_state)
     app.router.add_put("/v1/admin/topics", handle_register_topic)

@@ -200,8 +200,17 @@ class CoordinatorService:
         if not targets:
             return {}
         barrier = self.committer.wait_durable_many(targets)
-        if not barrier.future.done():
-            await asyncio.wait((barrier.future,), timeout=self._write_timeout_s)
+        future = barrier.future
+        if not future.done():
+            # A timer, not asyncio.wait: this runs for every request, and a timer that
+            # settles the barrier's own future is the least the loop can do for it.
+            timer = asyncio.get_running_loop().call_later(
+                self._write_timeout_s, _time_out, future
+            )
+            try:
+                await future
+            finally:
+                timer.cancel()
         short: dict[int, int] = {}
         for state_partition, error in barrier.failed.items():
             if isinstance(error, DurabilityError):
@@ -486,6 +495,13 @@ class CoordinatorService:
             f"; not durable on {sorted(failed)}" if failed else "",
         )
         return tombstoned
+
+
+def _time_out(future: asyncio.Future[dict[int, BaseException]]) -> None:
+    """The write timeout passed: the waiter stops waiting; the barrier's ``pending``
+    says which partitions did not make it."""
+    if not future.done():
+        future.set_result({})
 
 
 def _unavailable(rpc: Rpc, partition: int, code: int) -> AnyPartitionResult:
