@@ -23,6 +23,7 @@ from server.cluster import ClusterMap
 from server.config import ServeConfig
 from server.connection import ApiAppRunner
 from server.http import COORDINATOR, create_app
+from server.logs import json_line
 from server.security import SecurityError, load_token, server_ssl_context
 
 _log = logging.getLogger("sharecoord.daemon")
@@ -48,8 +49,7 @@ def run_server(config: ServeConfig) -> int:
         )
     except SecurityError as exc:
         # A token or TLS file that cannot be used is a usage error, as a bad flag is.
-        print(f"sharecoord serve: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(config, str(exc), EXIT_USAGE)
     fs: FileOps | None = None
     if os.environ.get(FAILPOINTS_ENV):
         # Fault injection for the reliability suite; never set in production.
@@ -62,8 +62,21 @@ def run_server(config: ServeConfig) -> int:
         # The data directory is locked by another process, was made for another
         # partition count or holds an unreadable topic catalog, or the address is taken:
         # say so plainly, no trace.
-        print(f"sharecoord serve: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return _fail(config, str(exc), EXIT_FAILURE)
+    except OSError as exc:
+        # The data directory cannot be made or opened (permissions, a full or read-only
+        # disk, too many open files): the operation failed, said in one line.
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        return _fail(config, f"{where}{exc.strerror or exc}", EXIT_FAILURE)
+
+
+def _fail(config: ServeConfig, message: str, code: int) -> int:
+    """The one line saying why the daemon cannot run, in the log format asked for."""
+    if config.log_format == "json":
+        print(json_line(_log.name, "error", message, exit_code=code), file=sys.stderr)
+    else:
+        print(f"sharecoord serve: {message}", file=sys.stderr)
+    return code
 
 
 async def _serve(

@@ -70,6 +70,15 @@ def setup_logging(
     return logging.getLogger(LOGGER_NAME)
 
 
+def json_line(logger: str, level: str, msg: str, /, **fields: Any) -> str:
+    """One JSON log line as ``JsonFormatter`` writes it, for what is printed without a
+    configured logger (the "listening" line on stdout, an error before logging is set
+    up)."""
+    record = logging.LogRecord(logger, LEVELS[level], "", 0, msg, (), None)
+    setattr(record, _FIELDS, fields)
+    return JsonFormatter().format(record)
+
+
 def log_event(
     logger: logging.Logger,
     level: str | int,
