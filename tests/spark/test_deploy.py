@@ -82,7 +82,7 @@ def test_the_image_runs_the_spark_of_the_installed_and_pinned_pyspark(
     (base,) = [rest for word, rest in dockerfile_instructions() if word == "FROM"]
     version = pyspark.__version__
     assert base == f"apache/spark:{version}-scala2.13-java17-python3-ubuntu"
-    assert f"pyspark=={version}" in pyproject["project"]["dependencies"]
+    assert f"pyspark=={version}" in pyproject["project"]["optional-dependencies"]["spark"]
     # The Scala of the tag is the Scala of pyspark's jars.
     jars = os.listdir(Path(pyspark.__file__).parent / "jars")
     assert f"spark-core_2.13-{version}.jar" in jars
@@ -111,7 +111,8 @@ def test_the_image_installs_the_project_from_files_that_exist(pyproject: dict[st
     for path in needed:
         assert not any(fnmatch.fnmatch(path, pattern) for pattern in ignored), path
     runs = " ".join(rest for word, rest in instructions if word == "RUN")
-    assert "pip install --no-cache-dir ." in runs
+    # The jobs run from this image: it needs the spark extra, not only the daemon.
+    assert "pip install --no-cache-dir '.[spark]'" in runs
     assert "chown spark:spark /data" in runs
     users = [rest for word, rest in instructions if word == "USER"]
     assert users[-1] == "spark"  # the services do not run as root
