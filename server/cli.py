@@ -238,9 +238,9 @@ def _serve(args: argparse.Namespace) -> int:
         print(json_line("sharecoord.cli", "error", str(exc), exit_code=EXIT_USAGE), file=sys.stderr)
         return EXIT_USAGE
     from server.daemon import run_server
-    from server.logs import setup_logging
+    from server.logs import setup_daemon_logging
 
-    setup_logging(config.log_level, config.log_format)
+    setup_daemon_logging(config.log_level, config.log_format)
     return run_server(config)
 
 

@@ -421,6 +421,15 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         one_of(*LOG_FORMATS),
         metavar="FORMAT",
     ),
+    Setting(
+        "access_log",
+        False,
+        "Log one line per request (method, path, status, partition entries of an RPC, "
+        "milliseconds) at info; without it the lines come at debug only. When they "
+        "would not be printed, nothing of the access log runs per request.",
+        parse_bool,
+        _anything,
+    ),
 )
 
 
@@ -570,6 +579,7 @@ class ServeConfig:
     shutdown_timeout_s: float
     log_level: str
     log_format: str
+    access_log: bool
     host: str
     port: int
     cluster_map: ClusterMap

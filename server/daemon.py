@@ -2,7 +2,12 @@
 
 Shutdown order: stop listening, let the requests in flight finish (up to
 ``shutdown_timeout_s``), then the app's cleanup context stops the jobs, commits
-what is left and closes the log. Exit 0.
+what is left and closes the log. Exit 0. The last line logged says how many requests
+were drained and whether the final commit made every appended record durable.
+
+Once listening, it prints ``sharecoord listening on URL`` on stdout (tests and tools
+wait for that line); with ``--log-format json`` that line is a JSON record instead,
+``"msg": "listening"`` with ``url``, ``host`` and ``port``.
 """
 
 from __future__ import annotations
@@ -13,17 +18,18 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Awaitable, Callable
 
 import uvloop
 from aiohttp import web
 
-from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
+from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError, StateLog
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
 from server.config import ServeConfig
 from server.connection import ApiAppRunner
 from server.http import COORDINATOR, create_app
-from server.logs import json_line
+from server.logs import json_line, log_event
 from server.security import SecurityError, load_token, server_ssl_context
 
 _log = logging.getLogger("sharecoord.daemon")
@@ -79,6 +85,40 @@ def _fail(config: ServeConfig, message: str, code: int) -> int:
     return code
 
 
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class _InFlight:
+    """Counts the requests being handled, to say at shutdown how many were drained.
+
+    It wraps the server's request handler rather than being an app middleware: one
+    counter and one call frame per request, outside the app's middleware chain."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.stopping = False
+        self.drained = 0
+        self.cut_off = 0
+
+    def wrap(self, handler: Handler) -> Handler:
+        async def counted(request: web.BaseRequest) -> web.StreamResponse:
+            self.active += 1
+            answered = False
+            try:
+                response = await handler(request)
+                answered = True
+                return response
+            finally:
+                self.active -= 1
+                if self.stopping:
+                    if answered:
+                        self.drained += 1
+                    else:  # cancelled at the end of --shutdown-timeout-s, or failed
+                        self.cut_off += 1
+
+        return counted
+
+
 async def _serve(
     app: web.Application, config: ServeConfig, ssl_context: ssl.SSLContext | None
 ) -> int:
@@ -97,6 +137,9 @@ async def _serve(
         keepalive_timeout=config.request_timeout_s,
     )
     await runner.setup()
+    in_flight = _InFlight()
+    assert runner.server is not None  # setup() made it
+    runner.server.request_handler = in_flight.wrap(runner.server.request_handler)
     try:
         site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
         try:
@@ -111,14 +154,53 @@ async def _serve(
             # --listen with port 0: advertise the port actually bound.
             coordinator.rebind(ClusterMap.single(config.node_id, host, port, config.partitions))
         scheme = "https" if ssl_context else "http"
-        _log.info("listening on %s://%s:%d", scheme, host, port)
-        print(f"sharecoord listening on {scheme}://{host}:{port}", flush=True)
+        url = f"{scheme}://{host}:{port}"
+        log_event(_log, "info", "listening", url=url)
+        if config.log_format == "json":
+            print(json_line(_log.name, "info", "listening", url=url, host=host, port=port))
+        else:
+            print(f"sharecoord listening on {url}")
+        sys.stdout.flush()
         await stop.wait()
-        _log.info("stopping: no new connections; finishing the requests in flight")
+        in_flight.stopping = True
+        log_event(
+            _log,
+            "info",
+            "stopping: no new connections; finishing the requests in flight",
+            in_flight=in_flight.active,
+        )
     finally:
         await runner.cleanup()
-    _log.info("stopped")
+    # The cleanup context ran the final commit and closed the log; what it left behind
+    # says whether that commit covered everything.
+    not_durable = _not_durable(app[COORDINATOR].log)
+    if not_durable:
+        log_event(
+            _log,
+            "warning",
+            "stopped; the final commit left records that are not durable",
+            drained=in_flight.drained,
+            cut_off=in_flight.cut_off,
+            final_commit="incomplete",
+            partitions=not_durable,
+        )
+    else:
+        log_event(
+            _log,
+            "info",
+            "stopped",
+            drained=in_flight.drained,
+            cut_off=in_flight.cut_off,
+            final_commit="done",
+        )
     return EXIT_OK
+
+
+def _not_durable(log: StateLog | None) -> list[int]:
+    """The state partitions whose log ends past its last fsync (only a failed one can)."""
+    if log is None:
+        return []
+    return [p.partition for p in log.partitions if p.durable_end_offset < p.log_end_offset]
 
 
 def _bound_address(runner: web.AppRunner, config: ServeConfig) -> tuple[str, int]:

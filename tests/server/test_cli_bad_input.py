@@ -107,6 +107,7 @@ ROWS = [
     ),
     row("serve-tls-cert-without-key", "serve --tls-cert {file}", 2, "tls_cert", "--tls-key"),
     row("serve-log-level", "serve --log-level trace", 2, "log_level", "debug"),
+    row("serve-access-log-not-bool", "serve --access-log=maybe", 2, "ignored explicit argument"),
     # --- log dump / log verify
     row("dump-data-dir-is-a-file", "log dump --data-dir {file}", 2, "not a directory"),
     row("dump-data-dir-missing", "log dump --data-dir {missing}", 2, "not a sharecoord data"),
