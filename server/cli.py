@@ -68,7 +68,7 @@ def _say(prog: str, message: str) -> None:
 def _os_error_text(exc: OSError) -> str:
     if exc.filename is not None and exc.strerror:
         return f"{exc.filename}: {exc.strerror}"
-    return str(exc)
+    return exc.strerror or str(exc)
 
 
 class _Parser(argparse.ArgumentParser):

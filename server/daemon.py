@@ -73,7 +73,8 @@ def run_server(config: ServeConfig) -> int:
         # The data directory cannot be made or opened (permissions, a full or read-only
         # disk, too many open files): the operation failed, said in one line.
         where = f"{exc.filename}: " if exc.filename is not None else ""
-        return _fail(config, f"{where}{exc.strerror or exc}", EXIT_FAILURE)
+        problem = f"{where}{exc.strerror or exc}"
+        return _fail(config, f"data directory {config.data_dir}: {problem}", EXIT_FAILURE)
 
 
 def _fail(config: ServeConfig, message: str, code: int) -> int:

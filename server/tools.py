@@ -50,7 +50,7 @@ def log_dump(data_dir: str, partition: int | None, as_json: bool, out: TextIO = 
         print(f"sharecoord log dump: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # a meta that is a directory, or cannot be read
-        print(f"sharecoord log dump: {data_dir}: {exc.strerror or exc}", file=sys.stderr)
+        print(f"sharecoord log dump: --data-dir {data_dir}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     if partition is not None and not 0 <= partition < num_partitions:
         print(

@@ -3,7 +3,8 @@ operation failed), found before anything expensive starts: no trace, no JVM, no 
 
 Each row runs a real ``sharecoord`` process (``python -m server.cli``). Placeholders in
 the arguments: ``{file}`` a regular file, ``{dir}`` a directory, ``{data}`` a valid data
-directory, ``{missing}`` a path that does not exist, ``{bad_toml}``, ``{latin1_toml}``,
+directory, ``{odd}`` a directory whose ``meta`` is a directory, ``{missing}`` a path
+that does not exist, ``{bad_toml}``, ``{latin1_toml}``,
 ``{typo_toml}``, ``{huge_cluster}`` config and cluster files, ``{refused}`` a local
 port nobody listens on, ``{silent}`` one that accepts connections and never answers.
 """
@@ -105,12 +106,20 @@ ROWS = [
         "auth token file",
         "cannot read",
     ),
+    row(
+        "serve-data-dir-cannot-be-opened",
+        "serve --data-dir {odd} --listen 127.0.0.1:0",
+        1,
+        "data directory",
+        "is a directory",
+    ),
     row("serve-tls-cert-without-key", "serve --tls-cert {file}", 2, "tls_cert", "--tls-key"),
     row("serve-log-level", "serve --log-level trace", 2, "log_level", "debug"),
     row("serve-access-log-not-bool", "serve --access-log=maybe", 2, "ignored explicit argument"),
     # --- log dump / log verify
     row("dump-data-dir-is-a-file", "log dump --data-dir {file}", 2, "not a directory"),
     row("dump-data-dir-missing", "log dump --data-dir {missing}", 2, "not a sharecoord data"),
+    row("dump-meta-unreadable", "log dump --data-dir {odd}", 2, "--data-dir", "is a directory"),
     row("dump-partition-negative", "log dump --data-dir {data} --partition -1", 2, "partition"),
     row("dump-partition-past-the-end", "log dump --data-dir {data} --partition 9", 2, "0..1"),
     row("verify-data-dir-is-a-file", "log verify --data-dir {file}", 2, "not a directory"),
@@ -118,6 +127,7 @@ ROWS = [
     # --- compact
     row("compact-data-dir-is-a-file", "compact --data-dir {file}", 2, "not a directory"),
     row("compact-data-dir-missing", "compact --data-dir {missing}", 2, "not a sharecoord data"),
+    row("compact-meta-unreadable", "compact --data-dir {odd}", 2, "is a directory"),
     row("compact-master-malformed", "compact --data-dir {data} --master bogus://x", 2, "master"),
     row("compact-master-no-port", "compact --data-dir {data} --master spark://h", 2, "master"),
     row("compact-no-java", "compact --data-dir {data}", 2, "java", "PATH", **NO_JAVA),
@@ -243,6 +253,7 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         'partitions = ["0-99999999"]\n'
     )
     StateLog.open(str(root / "data"), 2).close()
+    (root / "odd" / "meta").mkdir(parents=True)
     with socket.socket() as refused, socket.socket() as silent:
         refused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
         silent.bind(("127.0.0.1", 0))
@@ -251,6 +262,7 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             "file": str(root / "file"),
             "dir": str(root / "dir"),
             "data": str(root / "data"),
+            "odd": str(root / "odd"),
             "missing": str(root / "missing"),
             "bad_toml": str(root / "bad.toml"),
             "latin1_toml": str(root / "latin1.toml"),
