@@ -15,9 +15,10 @@ from pathlib import Path
 from bench.workload import TOPIC_ID, WINDOW
 from persistence import StateLog
 from protocol.batches import StateBatch
-from protocol.records import ShareKey, encode_key, encode_value, record_type
+from protocol.messages import InitializePartition, WritePartition
+from protocol.records import Record, ShareKey, encode_key, encode_value, record_type
 from protocol.routing import partition_for
-from server.shard import InitializeOp, ShardConfig, ShareCoordinatorShard, WriteOp
+from protocol.shard import ShardConfig, ShareCoordinatorShard
 
 NUM_PARTITIONS = 50
 WRITES_PER_KEY = 50  # with 500 updates per snapshot, every record replays in full
@@ -57,11 +58,9 @@ def build_log(
         for partition_log in logs:
             partition_log.open()
 
-        def apply(key: ShareKey, op: InitializeOp | WriteOp) -> None:
+        def append(p: int, record: Record | None) -> None:
             nonlocal written
-            p = owner[key]
-            records_out, _ = shards[p].handle(op)
-            for record in records_out:
+            if record is not None:
                 offset = logs[p].append(
                     record_type(record), encode_key(record.key), encode_value(record), now
                 )
@@ -69,23 +68,23 @@ def build_log(
                 written += 1
 
         for key in keys:
-            apply(key, InitializeOp(key, 0, 0))
+            p = owner[key]
+            append(p, shards[p].initialize(key, InitializePartition(key.partition, 0, 0))[0])
         round_ = 0
         while written < records:
             for key in keys:
                 if written >= records:
                     break
                 first = rng.randrange(WINDOW) + round_ * 10
-                apply(
-                    key,
-                    WriteOp(
-                        key,
-                        0,
-                        0,
-                        round_ * 10 if rng.random() < 0.1 else -1,
-                        [StateBatch(first, first + 9, rng.choice((0, 2, 2, 4)), rng.randint(1, 3))],
-                    ),
+                entry = WritePartition(
+                    key.partition,
+                    0,
+                    0,
+                    round_ * 10 if rng.random() < 0.1 else -1,
+                    [StateBatch(first, first + 9, rng.choice((0, 2, 2, 4)), rng.randint(1, 3))],
                 )
+                p = owner[key]
+                append(p, shards[p].write(key, entry)[0])
             round_ += 1
             for partition_log in logs:
                 partition_log.commit()

@@ -1,5 +1,5 @@
 """The calls beside the five RPCs: admin state, find-coordinator, and the topic
-catalog, which fans out to every node (SPEC §A). Each is one HTTP call per node,
+catalog, which fans out to every node (docs/semantics.md §A). Each is one HTTP call per node,
 retried on its own (``client.retry.call_with_retries``)."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ does the same. Calls are queued per ``(node URL, RPC, group id)``:
 4. An entry whose caller stopped waiting (deadline, cancellation) before it was sent
    is dropped.
 
-Results mirror the request (API.md: same order, duplicates run in order), so the
+Results mirror the request (docs/api.md: same order, duplicates run in order), so the
 sender hands each caller the result at its position. Because a queue has one request
 in flight at a time and sends in queue order, calls of one RPC for one group to one
 node are applied in the order they were made (until a retry re-queues one).

@@ -196,7 +196,7 @@ class EntryCaller:
     ) -> list[Outcome]:
         """Send one coalesced request; one outcome per entry of ``chunk``, in order.
         A body over ``max_body_bytes`` is halved (in order) until it fits."""
-        request, positions = build_request(rpc, group_id, chunk)
+        request, positions = build_request(group_id, chunk)
         body = encode_request(request, self._transport.fmt)
         if len(body) > self._max_body_bytes and len(chunk) > 1:
             half = len(chunk) // 2
@@ -243,7 +243,7 @@ class EntryCaller:
 
 
 def build_request(
-    rpc: Rpc, group_id: str, chunk: list[Pending]
+    group_id: str, chunk: list[Pending]
 ) -> tuple[ShareGroupStateRequest[Any], list[tuple[int, int]]]:
     """The request for ``chunk``: one topic entry per topic, in order of first
     appearance, its partitions in queue order (so duplicates keep their order); and
@@ -255,11 +255,11 @@ def build_request(
         ti = index_of.get(pending.topic_id)
         if ti is None:
             ti = index_of[pending.topic_id] = len(topics)
-            topics.append(TopicRequest(pending.topic_id, pending.topic_id, []))
+            topics.append(TopicRequest(pending.topic_id, []))
         partitions = topics[ti].partitions
         positions.append((ti, len(partitions)))
         partitions.append(pending.entry)
-    return ShareGroupStateRequest(rpc, group_id, topics), positions
+    return ShareGroupStateRequest(group_id, topics), positions
 
 
 def demultiplex(
@@ -268,7 +268,7 @@ def demultiplex(
     positions: list[tuple[int, int]],
     url: str,
 ) -> list[Outcome]:
-    """Each entry's result, by position (API.md: results mirror the request)."""
+    """Each entry's result, by position (docs/api.md: results mirror the request)."""
     results = response.results
     mirrored = len(results) == len(request.topics) and all(
         result.topic_id == topic.topic_id
@@ -278,7 +278,7 @@ def demultiplex(
     if not mirrored:
         failure = Failure(
             errors.UNKNOWN_SERVER_ERROR,
-            f"the response from {url} does not mirror its request (API.md)",
+            f"the response from {url} does not mirror its request (docs/api.md)",
             False,
         )
         return [failure] * len(positions)

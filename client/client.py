@@ -60,8 +60,9 @@ class ShareCoordinatorClient:
     and TLS failures (``aiohttp.ClientSSLError``: a certificate that does not verify)
     raise from every call, at once.
 
-    **Retries.** 3, 14, 15 and 16 are retriable (SPEC §12, as Kafka's persister), and so
-    are refused or reset connections, disconnects, timeouts and HTTP 5xx. Only the
+    **Retries.** 3, 14, 15 and 16 are retriable (docs/semantics.md §12, as Kafka's
+    persister), and so are refused or reset connections, disconnects, timeouts and HTTP
+    5xx. Only the
     failed entries are sent again, after exponential backoff with full jitter
     (``retry_backoff_ms`` doubling up to ``retry_backoff_max_ms``), within the call's
     deadline (``deadline_s``, per call or the client's default) and at most
@@ -178,7 +179,7 @@ class ShareCoordinatorClient:
         start_offset: int,
         deadline_s: float | None = None,
     ) -> None:
-        """InitializeShareGroupState (SPEC §5.1); ``start_offset`` -1: not set."""
+        """InitializeShareGroupState (docs/semantics.md §5.1); ``start_offset`` -1: not set."""
         entry = InitializePartition(partition, state_epoch, start_offset)
         await self._one(Rpc.INITIALIZE, group_id, topic_id, entry, deadline_s)
 
@@ -191,7 +192,7 @@ class ShareCoordinatorClient:
         leader_epoch: int,
         deadline_s: float | None = None,
     ) -> ReadResult:
-        """ReadShareGroupState (SPEC §5.2); a higher ``leader_epoch`` is recorded."""
+        """ReadShareGroupState (docs/semantics.md §5.2); a higher ``leader_epoch`` is recorded."""
         entry = ReadPartition(partition, leader_epoch)
         result = await self._one(Rpc.READ, group_id, topic_id, entry, deadline_s)
         return ReadResult.of(result)
@@ -209,7 +210,7 @@ class ShareCoordinatorClient:
         delivery_complete_count: int = -1,
         deadline_s: float | None = None,
     ) -> None:
-        """WriteShareGroupState (SPEC §5.3); -1 leaves ``start_offset`` and
+        """WriteShareGroupState (docs/semantics.md §5.3); -1 leaves ``start_offset`` and
         ``delivery_complete_count`` as they are. At least once: see the class doc."""
         entry = WritePartition(
             partition,
@@ -224,7 +225,7 @@ class ShareCoordinatorClient:
     async def delete(
         self, group_id: str, topic_id: str, partition: int, *, deadline_s: float | None = None
     ) -> None:
-        """DeleteShareGroupState (SPEC §5.4); deleting a key with no state succeeds."""
+        """DeleteShareGroupState (docs/semantics.md §5.4); deleting a key with no state succeeds."""
         await self._one(Rpc.DELETE, group_id, topic_id, DeletePartition(partition), deadline_s)
 
     async def read_summary(
@@ -236,7 +237,7 @@ class ShareCoordinatorClient:
         leader_epoch: int = -1,
         deadline_s: float | None = None,
     ) -> ReadSummaryResult:
-        """ReadShareGroupStateSummary (SPEC §5.5); ``leader_epoch`` is ignored."""
+        """ReadShareGroupStateSummary (docs/semantics.md §5.5); ``leader_epoch`` is ignored."""
         entry = ReadSummaryPartition(partition, leader_epoch)
         result = await self._one(Rpc.READ_SUMMARY, group_id, topic_id, entry, deadline_s)
         return ReadSummaryResult.of(result)
@@ -303,7 +304,7 @@ class ShareCoordinatorClient:
     async def admin_state(
         self, group_id: str, topic_id: str, partition: int, *, deadline_s: float | None = None
     ) -> AdminState | None:
-        """The stored state of one share-partition, with its fencing maxima (SPEC §A.1
+        """The stored state of one share-partition, with its fencing maxima (docs/semantics.md §A.1
         point 10), from its owner; None if it has none. No fencing, no side effect."""
         self._start()
         return await self._admin.admin_state(
@@ -314,7 +315,7 @@ class ShareCoordinatorClient:
         self, keys: Sequence[str], *, deadline_s: float | None = None
     ) -> list[CoordinatorResult]:
         """Ask a bootstrap node which node owns each coordinator key
-        (``"group:topicId:partition"``, SPEC §1.2); a key that does not parse gets
+        (``"group:topicId:partition"``, docs/semantics.md §1.2); a key that does not parse gets
         ``error_code`` 42 in its result. The client's own routing does not need this."""
         self._start()
         return await self._admin.find_coordinator(keys, self._policy(deadline_s))
@@ -322,7 +323,8 @@ class ShareCoordinatorClient:
     async def register_topic(
         self, topic_id: str, partition_count: int, *, deadline_s: float | None = None
     ) -> None:
-        """Register (or resize) a topic in the topic catalog of every node (SPEC §A)."""
+        """Register (or resize) a topic in the topic catalog of every node
+        (docs/semantics.md §A)."""
         self._start()
         await self._admin.register_topic(topic_id, partition_count, self._policy(deadline_s))
 

@@ -1,6 +1,6 @@
 """When the client retries, how long it waits, and what an attempt that failed looks like.
 
-The persister (client side) treats 14, 15, 16 and 3 as retriable (SPEC §12), and so do
+The persister (client side) treats 14, 15, 16 and 3 as retriable (docs/semantics.md §12), and so do
 we; so are transport failures (connection refused or reset, the server disconnecting,
 a request timing out, HTTP 5xx). Everything else is final at once. The wait between
 two attempts is exponential backoff with full jitter (AWS Architecture Blog,
@@ -20,7 +20,7 @@ import aiohttp
 
 from protocol import errors
 
-# SPEC §12: the codes Kafka's persister retries (after re-discovering the coordinator).
+# docs/semantics.md §12: the codes Kafka's persister retries (after re-discovering the coordinator).
 RETRIABLE_CODES = frozenset(
     {
         errors.UNKNOWN_TOPIC_OR_PARTITION,

@@ -1,4 +1,5 @@
-"""Which node owns which state partition (SPEC §1.2-§1.3, API.md ``find-coordinator``).
+"""Which node owns which state partition (docs/semantics.md §1.2, §1.3;
+docs/api.md#find-coordinator).
 
 The client hashes every share-partition key to its state partition itself, exactly as
 the daemon's service does (``partition_for`` over the raw group id and the canonical

@@ -1,4 +1,4 @@
-"""HTTP to the daemons (API.md "Transport"): one pooled aiohttp session per client.
+"""HTTP to the daemons (docs/api.md#transport): one pooled aiohttp session per client.
 
 One ``aiohttp.ClientSession`` over one ``TCPConnector`` serves every node: keep-alive
 connections, a bounded number per host. This module sends bytes and says what came
@@ -116,7 +116,7 @@ class HttpTransport:
 
 
 def error_message(answer: Answer) -> tuple[int | None, str]:
-    """``(error_code, error_message)`` of a non-200 answer's body (API.md: every one
+    """``(error_code, error_message)`` of a non-200 answer's body (docs/api.md: every one
     has ``{"error_code", "error_message"}``); ``(None, text)`` for anything else, as
     a proxy or a server that is not sharecoord might answer."""
     try:

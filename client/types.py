@@ -15,7 +15,7 @@ from protocol.messages import ReadPartitionResult, ReadSummaryPartitionResult
 
 @dataclass(frozen=True, slots=True)
 class ReadResult:
-    """A share-partition's state as ReadShareGroupState returns it (SPEC §5.2):
+    """A share-partition's state as ReadShareGroupState returns it (docs/semantics.md §5.2):
     ``state_batches`` sorted by first offset, never overlapping."""
 
     state_epoch: int
@@ -29,7 +29,7 @@ class ReadResult:
 
 @dataclass(frozen=True, slots=True)
 class ReadSummaryResult:
-    """ReadShareGroupStateSummary (SPEC §5.5). A key with no state reads as
+    """ReadShareGroupStateSummary (docs/semantics.md §5.5). A key with no state reads as
     ``start_offset`` -1, ``leader_epoch`` 0, ``state_epoch`` 0,
     ``delivery_complete_count`` -1."""
 

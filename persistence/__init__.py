@@ -13,8 +13,6 @@ from persistence.errors import (
 from persistence.fileops import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps
 from persistence.frame import (
     MAX_FRAME_LENGTH,
-    RECORD_TYPE_SHARE_SNAPSHOT,
-    RECORD_TYPE_SHARE_UPDATE,
     CorruptFrame,
     FrameError,
     IncompleteFrame,
@@ -52,8 +50,6 @@ __all__ = [
     "DEFAULT_SEGMENT_BYTES",
     "FAILPOINTS_ENV",
     "MAX_FRAME_LENGTH",
-    "RECORD_TYPE_SHARE_SNAPSHOT",
-    "RECORD_TYPE_SHARE_UPDATE",
     "CorruptFrame",
     "Damage",
     "DurabilityBarrier",

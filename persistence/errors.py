@@ -22,7 +22,7 @@ class LogCorruptionError(LogError):
         super().__init__(
             f"{self.path}: damaged log at byte {position}: {reason}. The state partition "
             f"refuses to load; run `sharecoord log verify --data-dir {data_dir}` "
-            "for a full report"
+            "for a full report (repair: docs/operations.md#repairing-a-damaged-partition)"
         )
 
 

@@ -18,12 +18,13 @@ import contextlib
 import logging
 import os
 import threading
+from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from persistence.errors import LogCorruptionError, LogError, PartitionFailedError
 from persistence.fileops import FileOps, unlink_if_exists
-from persistence.frame import LogRecord, encode_frame, frame_crc
+from persistence.frame import PREFIX, LogRecord, encode_frame_into
 from persistence.segments import (
     FrameStream,
     SegmentInfo,
@@ -73,15 +74,18 @@ class RecoveryReport:
 
 @dataclass(frozen=True)
 class PendingBatch:
-    """Appends taken for one commit: frames of offsets [first_offset, end_offset)."""
+    """Appends taken for one commit: the frames of offsets [first_offset, end_offset),
+    back to back in ``data`` as they go to the file; ``ends[i]`` is where the frame of
+    offset ``first_offset + i`` ends in it."""
 
     generation: int
-    frames: list[bytes]
+    data: bytearray
+    ends: list[int]
     first_offset: int
 
     @property
     def end_offset(self) -> int:
-        return self.first_offset + len(self.frames)
+        return self.first_offset + len(self.ends)
 
 
 class PartitionLog:
@@ -109,8 +113,9 @@ class PartitionLog:
         self._failure: BaseException | None = None
         self._generation = 0
         # Loop-thread state: appends not yet taken by a commit, offsets
-        # [log_end_offset - len(_pending), log_end_offset).
-        self._pending: list[bytes] = []
+        # [log_end_offset - len(_pending_ends), log_end_offset), framed in _pending.
+        self._pending = bytearray()
+        self._pending_ends: list[int] = []
         self._log_end_offset = 0
         # Written by the committing thread once an fdatasync returned.
         self._durable_end_offset = 0
@@ -150,7 +155,7 @@ class PartitionLog:
     @property
     def has_pending(self) -> bool:
         """Whether appends wait for a commit."""
-        return bool(self._pending)
+        return bool(self._pending_ends)
 
     @property
     def is_open(self) -> bool:
@@ -205,7 +210,7 @@ class PartitionLog:
             self._open_active(segments, next_offset)
         self._segments = segments
         self._publish()
-        self._pending = []
+        self._drop_pending()
         self._log_end_offset = self._durable_end_offset = next_offset
         if segments:  # read-only: what may be read (a torn tail is left out)
             self._durable_base, self._durable_size = segments[-1].base_offset, segments[-1].size
@@ -282,7 +287,9 @@ class PartitionLog:
         if not self._opened or not self.writable:
             raise LogError(f"{self!r} is not open for appends")
         offset = self._log_end_offset
-        self._pending.append(encode_frame(offset, timestamp, record_type, key, value))
+        pending = self._pending
+        encode_frame_into(pending, offset, timestamp, record_type, key, value)
+        self._pending_ends.append(len(pending))
         self._log_end_offset = offset + 1
         return offset
 
@@ -290,10 +297,16 @@ class PartitionLog:
         """Hand the buffered appends to a commit (event loop thread)."""
         if self._failure is not None:
             raise PartitionFailedError(self.partition, self._failure)
-        if not self._pending:
+        ends = self._pending_ends
+        if not ends:
             return None
-        frames, self._pending = self._pending, []
-        return PendingBatch(self._generation, frames, self._log_end_offset - len(frames))
+        data = self._pending
+        self._drop_pending()
+        return PendingBatch(self._generation, data, ends, self._log_end_offset - len(ends))
+
+    def _drop_pending(self) -> None:
+        self._pending = bytearray()
+        self._pending_ends = []
 
     def write_batch(self, batch: PendingBatch) -> None:
         """Write a batch, rolling segments at segment_bytes, and fdatasync it (any
@@ -323,28 +336,36 @@ class PartitionLog:
         return self._durable_end_offset
 
     def _write_frames(self, batch: PendingBatch) -> None:
-        group: list[bytes] = []
-        group_bytes = 0
-        for index, frame in enumerate(batch.frames):
-            filled = self._segments[-1].size + group_bytes
-            if filled > 0 and filled + len(frame) > self.segment_bytes:
-                if group:
-                    self._flush(group, batch.first_offset + index - 1)
-                    group, group_bytes = [], 0
-                self._roll(batch.first_offset + index)
-            group.append(frame)
-            group_bytes += len(frame)
-        if group:
-            self._flush(group, batch.end_offset - 1)
+        """Write the batch in as few pieces as the segment size allows: the frames that
+        still fit the active segment, then a roll, and so on (a frame larger than a
+        whole segment gets a segment of its own)."""
+        data, ends = batch.data, batch.ends
+        view = memoryview(data)
+        try:
+            done = 0  # frames written
+            start = 0  # where the next frame starts in data
+            while done < len(ends):
+                filled = self._segments[-1].size
+                fit = bisect_right(ends, start + self.segment_bytes - filled, lo=done)
+                if fit == done:
+                    if filled > 0:
+                        self._roll(batch.first_offset + done)
+                        continue
+                    fit = done + 1
+                last = fit - 1
+                last_start = ends[last - 1] if last > 0 else 0
+                self._flush(view[start : ends[last]], view[last_start:], batch.first_offset + last)
+                done, start = fit, ends[last]
+        finally:
+            view.release()
 
-    def _flush(self, frames: list[bytes], last_offset: int) -> None:
+    def _flush(self, data: memoryview, last_frame: memoryview, last_offset: int) -> None:
         assert self._active_fd is not None
         active = self._segments[-1]
-        data = b"".join(frames)
         self._fs.write_all(self._active_fd, data)
         active.size += len(data)
         active.last_offset = last_offset
-        active.last_frame_crc = frame_crc(frames[-1])
+        active.last_frame_crc = PREFIX.unpack_from(last_frame)[1]
         self._fs.fdatasync(self._active_fd)
         self._durable_base, self._durable_size = active.base_offset, active.size
         self._durable_end_offset = last_offset + 1
@@ -371,7 +392,7 @@ class PartitionLog:
                 raise LogError(f"{self!r} is read-only")
             fs = self._fs
             self._generation += 1
-            self._pending = []
+            self._drop_pending()
             self._opened = False
             cause = self._failure
             if self._failure is None:
@@ -514,7 +535,7 @@ class PartitionLog:
         """Release the active segment. Buffered appends not committed are dropped."""
         with self._lock:
             self._opened = False
-            self._pending = []
+            self._drop_pending()
             if self._active_fd is not None:
                 fd, self._active_fd = self._active_fd, None
                 self._fs.close(fd)

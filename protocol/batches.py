@@ -1,4 +1,4 @@
-"""State batches and the rule that merges them (SPEC.md §7).
+"""State batches and the rule that merges them (docs/semantics.md §7).
 
 A state batch says that every offset in ``[first_offset, last_offset]`` has one
 delivery state and one delivery count. A share-partition's stored state holds a list of
@@ -8,10 +8,13 @@ them; every write brings new ones that must be merged into that list.
 from __future__ import annotations
 
 from bisect import bisect_left
-from operator import itemgetter
-from typing import NamedTuple
+from operator import attrgetter
 
-# Delivery states of a record (SPEC §1.5). Archiving (3) exists in Kafka's enum but is
+import msgspec
+
+from protocol.widths import Int8, Int16, Int64
+
+# Delivery states of a record (docs/semantics.md §1.5). Archiving (3) exists in Kafka's enum but is
 # never persisted by KIP-932; the edge checks accept only the four below.
 AVAILABLE = 0
 ACQUIRED = 1
@@ -20,17 +23,19 @@ ARCHIVED = 4
 DELIVERY_STATES = frozenset({AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED})
 
 
-class StateBatch(NamedTuple):
+class StateBatch(msgspec.Struct, frozen=True, gc=False):
     """``[first_offset, last_offset]`` in one delivery state with one delivery count.
 
-    Validates nothing (SPEC §A.1 point 9): the pure combiner passes odd input through
-    exactly as Kafka does; validation belongs to the HTTP edge.
+    The same object from the request body to the stored state and back out in a read:
+    the wire decoders check the widths; construction validates nothing (docs/semantics.md §A.1
+    point 9), so the pure combiner passes odd input through exactly as Kafka does, and
+    the edge checks live at the edge.
     """
 
-    first_offset: int
-    last_offset: int
-    delivery_state: int
-    delivery_count: int
+    first_offset: Int64
+    last_offset: Int64
+    delivery_state: Int8
+    delivery_count: Int16
 
 
 def combine_state_batches(
@@ -38,7 +43,7 @@ def combine_state_batches(
 ) -> list[StateBatch]:
     """Merge ``new`` into ``current`` and drop what lies below ``start_offset``.
 
-    Kafka's PersisterStateBatchCombiner, step for step (SPEC §7):
+    Kafka's PersisterStateBatchCombiner, step for step (docs/semantics.md §7):
 
     1. Concatenate ``current + new``.
     2. Prune, unless ``start_offset == -1``: drop a batch that ends below it, trim one
@@ -87,20 +92,109 @@ def combine_state_batches(
 
     Partial coalescing is kept on purpose: a batch is final as soon as its current right
     neighbour does not merge with it, even if that neighbour is later replaced by a
-    contiguous piece with the same info (SPEC §7, "exactness trap").
+    contiguous piece with the same info (docs/semantics.md §7, "exactness trap").
 
     Raises ``ValueError`` when inverted batches (``first > last``) make the procedure
-    cycle, where Kafka's would loop forever (SPEC §A.1 point 15).
+    cycle, where Kafka's would loop forever (docs/semantics.md §A.1 point 15).
     """
+    return merge_batches(current, is_clean(current), new, start_offset)[0]
+
+
+def merge_batches(
+    current: list[StateBatch], current_clean: bool, new: list[StateBatch], start_offset: int
+) -> tuple[list[StateBatch], bool]:
+    """``combine_state_batches``, told whether ``current`` is clean (see ``is_clean``),
+    and saying whether its output is, so a caller that keeps the flag with the stored
+    batches never pays for finding out.
+
+    A clean ``current`` is what the combiner almost always returns, and it makes the
+    walk cheap without changing a single step of it: its batches never merge with one
+    another, so every batch below the first new one is final at once, and once the walk
+    has passed the last new one, what remains of ``current`` is final too. Only the
+    stretch the new batches touch is walked, by the same loop as the general case.
+    """
+    if not current_clean or not all(b.first_offset <= b.last_offset for b in new):
+        merged = _combine(current, new, start_offset)
+        return merged, is_clean(merged)
+    if start_offset != -1:
+        current = _prune_clean(current, start_offset)
+        new = prune_batches(new, start_offset)
+    if not new:
+        return current, True
+    if len(current) + len(new) < 2:
+        return [*current, *new], True
+    remaining = list(current)
+    first_at, last_at = len(remaining), -1
+    for batch in new:
+        at = bisect_left(remaining, _set_order(batch), key=_set_order)
+        remaining.insert(at, batch)
+        if at <= last_at:
+            last_at += 1
+        last_at = max(last_at, at)
+        first_at = min(first_at, at)
+    # Batches of current below the first new one never merge with one another, nor the
+    # last of them with the next current batch: final. The walk starts at the one just
+    # before the first new batch, which may merge with it.
+    head = max(first_at - 1, 0)
+    tail = len(remaining) - 1 - last_at
+    merged, tail = _walk(remaining, head, tail)
+    # What the walk left alone is as clean as it was; check the stretch it rebuilt, and
+    # where that stretch meets what is on either side of it.
+    return merged, is_clean(merged, max(head - 1, 0), len(merged) - tail + 1)
+
+
+def is_clean(batches: list[StateBatch], lo: int = 0, hi: int | None = None) -> bool:
+    """Whether ``batches[lo:hi]`` is in the combiner's tidy shape: each batch valid
+    (first <= last), sorted, and no two neighbours overlapping or touching with the same
+    info. Combiner output always is, but for what partial coalescing leaves behind."""
+    end = len(batches) if hi is None else min(hi, len(batches))
+    if end - lo < 1:
+        return True
+    prev = batches[lo]
+    if prev.first_offset > prev.last_offset:
+        return False
+    for i in range(lo + 1, end):
+        cand = batches[i]
+        if cand.first_offset > cand.last_offset or cand.first_offset <= prev.last_offset:
+            return False
+        if (
+            cand.first_offset == prev.last_offset + 1
+            and cand.delivery_count == prev.delivery_count
+            and cand.delivery_state == prev.delivery_state
+        ):
+            return False
+        prev = cand
+    return True
+
+
+def _combine(
+    current: list[StateBatch], new: list[StateBatch], start_offset: int
+) -> list[StateBatch]:
+    """The general case: any input at all, inverted batches included."""
     batches = [*current, *new]
     if start_offset != -1:
         for batch in batches:
-            if batch[0] < start_offset:
+            if batch.first_offset < start_offset:
                 batches = _prune(batches, start_offset)
                 break
     if len(batches) < 2:
         return batches
-    return _merge(batches)
+    # No set(): duplicates sort next to each other, and the walk's same-info merge of an
+    # identical pair drops one copy, which is what the set would have done. The input is
+    # mostly sorted already (stored batches, then new ones), so the sort is cheap.
+    remaining = sorted(batches, key=_set_order)
+    check_cycles = any(b.first_offset > b.last_offset for b in remaining)
+    return _walk(remaining, 0, 0, check_cycles)[0]
+
+
+def prune_batches(batches: list[StateBatch], start_offset: int) -> list[StateBatch]:
+    """Step 2 alone: ``batches`` without what lies below ``start_offset`` (the same
+    list when nothing does). For batches already in the combiner's shape, this is
+    all that combining them with nothing would do."""
+    for batch in batches:
+        if batch.first_offset < start_offset:
+            return _prune(batches, start_offset)
+    return batches
 
 
 def _prune(batches: list[StateBatch], start_offset: int) -> list[StateBatch]:
@@ -111,62 +205,77 @@ def _prune(batches: list[StateBatch], start_offset: int) -> list[StateBatch]:
         if batch.first_offset >= start_offset:
             pruned.append(batch)
         else:
-            pruned.append(batch._replace(first_offset=start_offset))
+            pruned.append(msgspec.structs.replace(batch, first_offset=start_offset))
     return pruned
 
 
+def _prune_clean(batches: list[StateBatch], start_offset: int) -> list[StateBatch]:
+    """``_prune`` of a clean list: its last offsets ascend, so the batches that end
+    below the start are a prefix, and only the first batch left can straddle it."""
+    at = bisect_left(batches, start_offset, key=_last_offset)
+    if at == len(batches):
+        return []
+    first = batches[at]
+    if first.first_offset >= start_offset:
+        return batches[at:] if at else batches
+    return [msgspec.structs.replace(first, first_offset=start_offset), *batches[at + 1 :]]
+
+
 # Kafka's set order (PersisterStateBatch.compareTo): first, last, count, then state.
-_set_order = itemgetter(0, 1, 3, 2)
+_set_order = attrgetter("first_offset", "last_offset", "delivery_count", "delivery_state")
+_last_offset = attrgetter("last_offset")
 
 # Inverted input may wander through ever new sets without repeating one; past this many
 # steps it is declared cyclic. Valid input never looks at the bound.
 _INVERTED_STEP_LIMIT = 100_000
 
 
-def _merge(batches: list[StateBatch]) -> list[StateBatch]:
-    """Steps 4 to 7 over a list kept in set order.
+def _walk(
+    remaining: list[StateBatch], head: int, tail: int, check_cycles: bool = False
+) -> tuple[list[StateBatch], int]:
+    """Steps 5 to 7 over ``remaining``, a list in set order whose first ``head``
+    batches are already final and whose last ``tail`` batches are an untouched clean
+    run (they never merge with one another). Returns the output and how many batches
+    at its end were that run, left as they were.
 
     The walk only ever looks at the first two elements of the set, and every piece it
     inserts sorts at or after the pair it replaces, so the set is a sorted list with a
     moving head: batches passed over are final and leave by one slice; a piece goes in
     by bisection behind the head. Same steps as Kafka's TreeSet walk.
     """
-    # No set(): duplicates sort next to each other, and the walk's same-info merge of an
-    # identical pair drops one copy, which is what the set would have done. The input is
-    # mostly sorted already (stored batches, then new ones), so the sort is cheap.
-    remaining = sorted(batches, key=_set_order)
-    final: list[StateBatch] = []
-    seen: set[tuple[StateBatch, ...]] | None = None
-    checked_inverted = False
-    head = 0
+    final = remaining[:head]
+    seen: set[tuple[StateBatch, ...]] | None = set() if check_cycles else None
     while True:
         # Step 5: walk to the first mergeable pair; everything before it is final.
         i = head
         prev = remaining[i]
         last = len(remaining) - 1
+        into_tail = last - tail  # from here on, cand lies in the clean run
         while i < last:
             cand = remaining[i + 1]
-            if cand[0] <= prev[1] or (
-                cand[0] == prev[1] + 1 and cand[3] == prev[3] and cand[2] == prev[2]
+            if cand.first_offset <= prev.last_offset or (
+                cand.first_offset == prev.last_offset + 1
+                and cand.delivery_count == prev.delivery_count
+                and cand.delivery_state == prev.delivery_state
             ):
                 break
+            if i >= into_tail:
+                final += remaining[head:]
+                return final, tail
             prev = cand
             i += 1
         else:
             final += remaining[head:]
-            return final
+            return final, 0
         final += remaining[head:i]
-        if not checked_inverted:
-            # Only inverted input can make the walk cycle; look once, when merging starts.
-            checked_inverted = True
-            if any(b[0] > b[1] for b in remaining):
-                seen = set()
         # Step 6: replace the pair by its pieces (a set: no duplicates).
         head = i + 2
+        tail = min(tail, len(remaining) - head)
         for piece in _resolve(prev, cand):
             at = bisect_left(remaining, _set_order(piece), lo=head, key=_set_order)
             if at == len(remaining) or remaining[at] != piece:
                 remaining.insert(at, piece)
+            tail = min(tail, len(remaining) - 1 - at)
         if seen is not None:
             # What happens next depends only on the remaining set: seeing one again
             # means the walk would repeat forever. Valid input always makes progress,
@@ -182,8 +291,18 @@ def _merge(batches: list[StateBatch]) -> list[StateBatch]:
 
 def _resolve(prev: StateBatch, cand: StateBatch) -> list[StateBatch]:
     """Step 6: the pieces that replace an overlapping or contiguous pair."""
-    p_first, p_last, p_state, p_count = prev
-    c_first, c_last, c_state, c_count = cand
+    p_first, p_last, p_state, p_count = (
+        prev.first_offset,
+        prev.last_offset,
+        prev.delivery_state,
+        prev.delivery_count,
+    )
+    c_first, c_last, c_state, c_count = (
+        cand.first_offset,
+        cand.last_offset,
+        cand.delivery_state,
+        cand.delivery_count,
+    )
     if p_count == c_count and p_state == c_state:
         return [StateBatch(p_first, max(p_last, c_last), p_state, p_count)]
     cand_higher = (c_count, c_state) > (p_count, p_state)

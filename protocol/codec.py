@@ -1,34 +1,28 @@
-"""Bodies of the HTTP API (API.md) to typed messages and back, in msgpack or JSON.
+"""Bodies of the HTTP API (docs/api.md) to typed messages and back, in msgpack or JSON.
 
-Pure, no I/O: bytes in, ``protocol.messages`` objects out, and the reverse. This module
-is the server's side (request bodies in, response bodies out) and the formats both sides
-share; ``protocol.client_codec`` is the client's mirror image.
+Pure, no I/O: bytes in, ``protocol.messages`` Structs out, and the reverse. This module
+is the server's side (request bodies in, answers out) and what both sides share;
+``protocol.client_codec`` is the client's mirror image.
 
-Decoding a request body follows API.md and SPEC §A.1, and raises only ``BodyError``
-(HTTP 400, code 42, naming the field), whatever the bytes are:
+Decoding is msgspec's, straight into the Structs of ``protocol.messages``: it parses
+and checks every type and width in one pass. A body it refuses is explained by
+``protocol.explain`` (the field, what was expected, what came), so a decoder raises only
+``BodyError`` (HTTP 400, code 42), whatever the bytes are. Then one pass over the
+decoded request (``prepare_request``) does what a schema cannot say:
 
-1. The body must parse (strict JSON in UTF-8, or one msgpack object with no trailing
-   bytes) and its top level must be a map.
-2. Every field API.md lists is required, except write's ``delivery_complete_count`` and
-   read-summary's ``leader_epoch`` (both default -1). Unknown fields are ignored.
-3. Integers are exactly ``int`` (never a bool or a float, not even ``1.0``) within the
-   width of Kafka's schema: partition and epochs int32, offsets int64,
-   ``delivery_count`` int16, ``delivery_state`` int8, ``delivery_complete_count`` int32.
-4. Strings are exactly ``str``; ``group_id`` is non-empty; strings that are stored or
-   echoed must be encodable as UTF-8 (JSON can carry lone surrogates); ``topic_id`` is
-   a Kafka Uuid in either spelling (``protocol.topic_id``).
-5. ``Limits``: entries per request (partition entries, counting a topic without any as
-   one), state batches per entry.
-
-A well-typed entry that fails an edge check does not raise: it is decoded with
-``invalid`` set to the message, and fails alone with 42 (SPEC §A.1 points 1, 3, 13, 16).
-The checks run in this order, the first failure wins: partition < 0 (Kafka's text);
-epochs, ``start_offset`` and ``delivery_complete_count`` < -1; then batch by batch:
-negative offsets, ``first_offset > last_offset``, a delivery state outside
-{0, 1, 2, 4}, a negative delivery count.
-
-The request decoders are the daemon's hot path: they are written out per RPC with exact
-type checks and local constants, and build error paths only when raising.
+1. ``Limits``: entries per request (partition entries, counting a topic without any as
+   one) and state batches per entry; over a limit, the whole body is refused.
+2. Each topic id is a Kafka Uuid in either spelling; its canonical 22-character form
+   goes on the topic as ``key_topic_id``.
+3. The edge checks of docs/semantics.md §A: a well-typed entry that fails one is not refused with
+   the body; its ``invalid`` names the problem, and it fails alone with 42 (docs/semantics.md §A.1
+   points 1, 3, 13, 16). In order, the first failure wins: partition < 0 (Kafka's
+   text); epochs, ``start_offset`` and ``delivery_complete_count`` < -1; then batch by
+   batch: negative offsets, ``first_offset > last_offset``, a delivery state outside
+   {0, 1, 2, 4}, a negative delivery count.
+4. A write whose batches are already sorted and disjoint, with no touching neighbours
+   of the same state and count, is marked ``batches_combined``: combining them with
+   nothing would return them as they are (docs/semantics.md §7), so the shard skips it.
 """
 
 from __future__ import annotations
@@ -38,47 +32,53 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, TypeVar
 
 import msgpack
+import msgspec
 
-from protocol.batches import DELIVERY_STATES, StateBatch
+from protocol.batches import DELIVERY_STATES, StateBatch, is_clean
 from protocol.errors import MSG_NEGATIVE_PARTITION
+from protocol.explain import BodyError, describe, first_problem, msgspec_problem
 from protocol.messages import (
     AdminState,
     DeletePartition,
+    ErrorBody,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     InitializePartition,
-    PartitionResult,
     ReadPartition,
-    ReadPartitionResult,
     ReadSummaryPartition,
-    ReadSummaryPartitionResult,
     Rpc,
     ShareGroupStateRequest,
     ShareGroupStateResponse,
-    TopicRequest,
+    TopicRegistration,
     WritePartition,
 )
 from protocol.topic_id import canonical_topic_id
+from protocol.widths import TOPIC_ID_EXPECTED
 
 __all__ = [
     "DEFAULT_LIMITS",
     "BodyError",
     "Format",
     "Limits",
+    "decode_body",
     "decode_find_coordinator",
     "decode_request",
     "decode_topic_registration",
+    "encode",
     "encode_admin_state",
     "encode_error",
     "encode_find_coordinator_response",
     "encode_object",
     "encode_response",
     "format_of",
+    "prepare_request",
     "response_format",
 ]
+
+T = TypeVar("T")
 
 
 # --- formats --------------------------------------------------------------------------
@@ -132,35 +132,12 @@ def _q_value(params: str) -> float:
     return 1.0
 
 
-# --- errors and limits ----------------------------------------------------------------
-
-
-class BodyError(ValueError):
-    """A body that cannot be used: HTTP 400 with ``{"error_code": 42, ...}``.
-
-    ``field`` is the path of the offending field (``topics[0].partitions[2].state_epoch``),
-    ``""`` for the whole body; ``problem`` says what was wrong and what was expected.
-    """
-
-    def __init__(self, field: str, problem: str) -> None:
-        self.field = field
-        self.problem = problem
-        super().__init__(f"{field}: {problem}" if field else problem)
-
-    def __reduce__(self) -> tuple[type[BodyError], tuple[str, str]]:
-        return (BodyError, (self.field, self.problem))
-
-    def under(self, prefix: str) -> BodyError:
-        """The same error with its field path placed below ``prefix``."""
-        if not self.field:
-            return BodyError(prefix, self.problem)
-        sep = "" if self.field.startswith("[") else "."
-        return BodyError(f"{prefix}{sep}{self.field}", self.problem)
+# --- limits ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Request size limits beyond the byte limit (API.md "Security")."""
+    """Request size limits beyond the byte limit (docs/api.md "Security")."""
 
     max_entries_per_request: int = 5000
     max_state_batches_per_entry: int = 10000
@@ -168,84 +145,28 @@ class Limits:
 
 DEFAULT_LIMITS = Limits()
 
-
-class _Width(NamedTuple):
-    expected: str
-    lo: int
-    hi: int
-
-
-_INT8 = _Width("an integer in int8 range", -(2**7), 2**7 - 1)
-_INT16 = _Width("an integer in int16 range", -(2**15), 2**15 - 1)
-_INT32 = _Width("an integer in int32 range", -(2**31), 2**31 - 1)
-_INT64 = _Width("an integer in int64 range", -(2**63), 2**63 - 1)
 # A daemon sees few distinct topics; spelling them canonically costs ~1 µs each time.
 _canonical_topic_id = functools.lru_cache(maxsize=4096)(canonical_topic_id)
-_TOPIC_ID = "a Kafka topic id (22 base64url characters or a 36-character RFC 4122 UUID)"
 
 
-def _describe(value: object) -> str:
-    """A short, safe description of a received value for an error message."""
-    if value is None:
-        return "null"
-    if value is True or value is False:
-        return f"a boolean ({str(value).lower()})"
-    if type(value) is int:
-        bits = value.bit_length()
-        return str(value) if bits <= 128 else f"an integer of {bits} bits"
-    if type(value) is float:
-        return f"a float ({value!r})"
-    if type(value) is str:
-        # repr escapes lone surrogates, so the message always encodes.
-        return f"a string ({value!r})" if len(value) <= 40 else f"a string ({value[:40]!r}...)"
-    if type(value) is bytes:
-        return "binary data (msgpack bin)"
-    if type(value) is list:
-        return "a list"
-    if type(value) is dict:
-        return "a map"
-    return f"a msgpack {type(value).__name__}"
-
-
-def _field_error(container: dict[Any, Any], key: str, expected: str, where: str) -> BodyError:
-    """The error of ``container[key]``, missing or not what was ``expected``."""
-    field = f"{where}.{key}" if where else key
-    if key not in container:
-        return BodyError(field, f"missing required field, expected {expected}")
-    return BodyError(field, f"expected {expected}, got {_describe(container[key])}")
-
-
-def _not_a(expected: str, value: object, field: str) -> BodyError:
-    return BodyError(field, f"expected {expected}, got {_describe(value)}")
-
-
-def _check_utf8(text: str, field: str) -> None:
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise BodyError(
-                field, "expected valid Unicode text, got a string with a lone surrogate"
-            ) from None
-
-
-# --- parsing --------------------------------------------------------------------------
+# --- decoding -------------------------------------------------------------------------
 
 
 def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not valid JSON")
 
 
+# The standard parsers, for the error path only: they accept what msgspec refuses to
+# parse (lone surrogates in JSON strings), so the walk can say what was wrong.
 _JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
 
 
-def _load_map(body: bytes, fmt: Format) -> dict[Any, Any]:
+def _parse(body: bytes, fmt: Format) -> object:
     try:
         if fmt is Format.MSGPACK:
-            root = msgpack.unpackb(body, raw=False, strict_map_key=True)
-        else:
-            root = _JSON_DECODER.decode(body.decode("utf-8"))
+            return msgpack.unpackb(body, raw=False, strict_map_key=True)
+        return _JSON_DECODER.decode(body.decode("utf-8"))
     # Whatever the parser raises (ExtraData, FormatError, StackError, UnicodeDecodeError,
     # RecursionError, ValueError for an over-long int literal, ...), the body did not
     # parse; msgpack does not document the full list, so none may escape.
@@ -253,244 +174,160 @@ def _load_map(body: bytes, fmt: Format) -> dict[Any, Any]:
         text = str(exc)[:200].encode("utf-8", "backslashreplace").decode("utf-8")
         name = "msgpack" if fmt is Format.MSGPACK else "JSON"
         raise BodyError("", f"the body is not valid {name}: {text or type(exc).__name__}") from None
-    if type(root) is not dict:
-        raise BodyError("", f"expected the body to be a map, got {_describe(root)}")
-    return root
 
 
-def _dump(obj: object, fmt: Format) -> bytes:
-    if fmt is Format.MSGPACK:
-        return msgpack.packb(obj, use_bin_type=True)
-    # ensure_ascii (the default) keeps any text, even a lone surrogate, encodable.
-    return _JSON_ENCODER.encode(obj).encode("ascii")
+_DECODERS: dict[tuple[Any, Format], Callable[[bytes], Any]] = {}
 
 
-# --- request decoding (server side, hot path) -----------------------------------------
+def _decoder(declared: Any, fmt: Format) -> Callable[[bytes], Any]:
+    decode = _DECODERS.get((declared, fmt))
+    if decode is None:
+        if fmt is Format.MSGPACK:
+            decode = msgspec.msgpack.Decoder(declared).decode
+        else:
+            decode = msgspec.json.Decoder(declared).decode
+        _DECODERS[declared, fmt] = decode
+    return decode
+
+
+def decode_body(declared: type[T], body: bytes, fmt: Format) -> T:
+    """``body`` decoded into ``declared``; raises only ``BodyError``."""
+    try:
+        decoded: T = _decoder(declared, fmt)(body)
+        return decoded
+    # msgspec raises RecursionError for nesting too deep, even in a field nobody reads.
+    except (msgspec.MsgspecError, RecursionError) as exc:
+        refused = exc
+    parsed = _parse(body, fmt)
+    problem = first_problem(parsed, declared)
+    if problem is not None:
+        raise problem
+    # The standard parser took what msgspec's did not, and nothing the schema names is
+    # wrong (say, a lone surrogate in a field nobody reads): build it from the parse.
+    try:
+        return msgspec.convert(parsed, declared)
+    except (msgspec.MsgspecError, RecursionError):
+        raise msgspec_problem(refused) from None
+
+
+_REQUEST_TYPES: dict[Rpc, Any] = {
+    Rpc.INITIALIZE: ShareGroupStateRequest[InitializePartition],
+    Rpc.READ: ShareGroupStateRequest[ReadPartition],
+    Rpc.WRITE: ShareGroupStateRequest[WritePartition],
+    Rpc.DELETE: ShareGroupStateRequest[DeletePartition],
+    Rpc.READ_SUMMARY: ShareGroupStateRequest[ReadSummaryPartition],
+}
 
 
 def decode_request(
     rpc: Rpc, body: bytes, fmt: Format, limits: Limits = DEFAULT_LIMITS
 ) -> ShareGroupStateRequest[Any]:
     """Decode the body of one of the five share-group state RPCs. Raises ``BodyError``."""
-    root = _load_map(body, fmt)
-    group_id = root.get("group_id")
-    if type(group_id) is not str or not group_id:
-        raise _field_error(root, "group_id", "a non-empty string", "")
-    _check_utf8(group_id, "group_id")
-    raw_topics = root.get("topics")
-    if type(raw_topics) is not list:
-        raise _field_error(root, "topics", "a list", "")
+    request: ShareGroupStateRequest[Any] = decode_body(_REQUEST_TYPES[rpc], body, fmt)
+    prepare_request(rpc, request, limits)
+    return request
 
-    # First the topic level, so that an oversized request fails before any work.
-    headers: list[tuple[str, str, list[Any]]] = []
+
+def prepare_request(
+    rpc: Rpc, request: ShareGroupStateRequest[Any], limits: Limits = DEFAULT_LIMITS
+) -> None:
+    """The pass over a decoded request that a schema cannot express (module docstring,
+    points 1-4). Raises ``BodyError`` for what refuses the whole body."""
+    topics = request.topics
     entries = 0
-    for ti, raw_topic in enumerate(raw_topics):
-        header = _topic_header(raw_topic, ti)
+    for ti, topic in enumerate(topics):
+        try:
+            topic.key_topic_id = _canonical_topic_id(topic.topic_id)
+        except ValueError:
+            raise BodyError(
+                f"topics[{ti}].topic_id",
+                f"expected {TOPIC_ID_EXPECTED}, got {describe(topic.topic_id)}",
+            ) from None
         # A topic with no partitions still costs a result: it counts as one entry, so
         # a body of empty topics cannot dodge the limit.
-        entries += len(header[2]) or 1
-        headers.append(header)
-    max_entries = limits.max_entries_per_request
-    if entries > max_entries:
+        entries += len(topic.partitions) or 1
+    if entries > limits.max_entries_per_request:
         raise BodyError(
             "topics",
             f"{entries} entries (partition entries, and 1 per topic without any), "
-            f"more than the limit of {max_entries}",
+            f"more than the limit of {limits.max_entries_per_request}",
         )
-
-    decode_partitions = _PARTITION_DECODERS[rpc]
-    max_batches = limits.max_state_batches_per_entry
-    topics: list[TopicRequest[Any]] = []
-    for ti, (topic_id, key_topic_id, raw_partitions) in enumerate(headers):
-        try:
-            partitions = decode_partitions(raw_partitions, max_batches)
-        except BodyError as exc:
-            raise exc.under(f"topics[{ti}].partitions") from None
-        topics.append(TopicRequest(topic_id, key_topic_id, partitions))
-    return ShareGroupStateRequest(rpc, group_id, topics)
+    check = _EDGE_CHECKS[rpc]
+    for ti, topic in enumerate(topics):
+        check(topic.partitions, limits.max_state_batches_per_entry, ti)
 
 
-def _topic_header(raw_topic: object, ti: int) -> tuple[str, str, list[Any]]:
-    """``(topic_id as spelled, canonical topic id, raw partitions)`` of one topic."""
-    if type(raw_topic) is not dict:
-        raise _not_a("a map", raw_topic, f"topics[{ti}]")
-    topic_id = raw_topic.get("topic_id")
-    if type(topic_id) is not str:
-        raise _field_error(raw_topic, "topic_id", _TOPIC_ID, f"topics[{ti}]")
-    try:
-        key_topic_id = _canonical_topic_id(topic_id)
-    except ValueError:
-        raise _not_a(_TOPIC_ID, topic_id, f"topics[{ti}].topic_id") from None
-    raw_partitions = raw_topic.get("partitions")
-    if type(raw_partitions) is not list:
-        raise _field_error(raw_topic, "partitions", "a list", f"topics[{ti}]")
-    return topic_id, key_topic_id, raw_partitions
-
-
-# The per-RPC decoders below raise BodyError with paths relative to the partitions list
-# ("[2].state_epoch"); decode_request places them under "topics[i].partitions".
-
-
-def _initialize_partitions(raw: list[Any], max_batches: int) -> list[InitializePartition]:
-    i32_lo, i32_hi, i64_lo, i64_hi = _INT32.lo, _INT32.hi, _INT64.lo, _INT64.hi
-    out: list[InitializePartition] = []
-    for pi, e in enumerate(raw):
-        if type(e) is not dict:
-            raise _not_a("a map", e, f"[{pi}]")
-        partition = e.get("partition")
-        if type(partition) is not int or not i32_lo <= partition <= i32_hi:
-            raise _field_error(e, "partition", _INT32.expected, f"[{pi}]")
-        state_epoch = e.get("state_epoch")
-        if type(state_epoch) is not int or not i32_lo <= state_epoch <= i32_hi:
-            raise _field_error(e, "state_epoch", _INT32.expected, f"[{pi}]")
-        start_offset = e.get("start_offset")
-        if type(start_offset) is not int or not i64_lo <= start_offset <= i64_hi:
-            raise _field_error(e, "start_offset", _INT64.expected, f"[{pi}]")
-        invalid = None
-        if partition < 0 or state_epoch < -1 or start_offset < -1:
-            invalid = _entry_problem(
-                partition, ("state_epoch", state_epoch), ("start_offset", start_offset)
+def _check_initialize(entries: list[InitializePartition], max_batches: int, ti: int) -> None:
+    for e in entries:
+        if e.partition < 0 or e.state_epoch < -1 or e.start_offset < -1:
+            e.invalid = _entry_problem(
+                e.partition, ("state_epoch", e.state_epoch), ("start_offset", e.start_offset)
             )
-        out.append(InitializePartition(partition, state_epoch, start_offset, invalid))
-    return out
 
 
-def _read_partitions(raw: list[Any], max_batches: int) -> list[ReadPartition]:
-    i32_lo, i32_hi = _INT32.lo, _INT32.hi
-    out: list[ReadPartition] = []
-    for pi, e in enumerate(raw):
-        if type(e) is not dict:
-            raise _not_a("a map", e, f"[{pi}]")
-        partition = e.get("partition")
-        if type(partition) is not int or not i32_lo <= partition <= i32_hi:
-            raise _field_error(e, "partition", _INT32.expected, f"[{pi}]")
-        leader_epoch = e.get("leader_epoch")
-        if type(leader_epoch) is not int or not i32_lo <= leader_epoch <= i32_hi:
-            raise _field_error(e, "leader_epoch", _INT32.expected, f"[{pi}]")
-        invalid = None
-        if partition < 0 or leader_epoch < -1:
-            invalid = _entry_problem(partition, ("leader_epoch", leader_epoch))
-        out.append(ReadPartition(partition, leader_epoch, invalid))
-    return out
+def _check_read(entries: list[ReadPartition], max_batches: int, ti: int) -> None:
+    for e in entries:
+        if e.partition < 0 or e.leader_epoch < -1:
+            e.invalid = _entry_problem(e.partition, ("leader_epoch", e.leader_epoch))
 
 
-def _write_partitions(raw: list[Any], max_batches: int) -> list[WritePartition]:
-    i8_lo, i8_hi, i16_lo, i16_hi = _INT8.lo, _INT8.hi, _INT16.lo, _INT16.hi
-    i32_lo, i32_hi, i64_lo, i64_hi = _INT32.lo, _INT32.hi, _INT64.lo, _INT64.hi
+def _check_delete(entries: list[DeletePartition], max_batches: int, ti: int) -> None:
+    for e in entries:
+        if e.partition < 0:
+            e.invalid = MSG_NEGATIVE_PARTITION
+
+
+def _check_read_summary(entries: list[ReadSummaryPartition], max_batches: int, ti: int) -> None:
+    # leader_epoch is ignored by the RPC, but checked like every epoch
+    # (docs/semantics.md §A.1 point 16).
+    _check_read(entries, max_batches, ti)  # type: ignore[arg-type]
+
+
+def _check_write(entries: list[WritePartition], max_batches: int, ti: int) -> None:
     states = DELIVERY_STATES
-    batch = StateBatch
-    out: list[WritePartition] = []
-    for pi, e in enumerate(raw):
-        if type(e) is not dict:
-            raise _not_a("a map", e, f"[{pi}]")
-        partition = e.get("partition")
-        if type(partition) is not int or not i32_lo <= partition <= i32_hi:
-            raise _field_error(e, "partition", _INT32.expected, f"[{pi}]")
-        state_epoch = e.get("state_epoch")
-        if type(state_epoch) is not int or not i32_lo <= state_epoch <= i32_hi:
-            raise _field_error(e, "state_epoch", _INT32.expected, f"[{pi}]")
-        leader_epoch = e.get("leader_epoch")
-        if type(leader_epoch) is not int or not i32_lo <= leader_epoch <= i32_hi:
-            raise _field_error(e, "leader_epoch", _INT32.expected, f"[{pi}]")
-        start_offset = e.get("start_offset")
-        if type(start_offset) is not int or not i64_lo <= start_offset <= i64_hi:
-            raise _field_error(e, "start_offset", _INT64.expected, f"[{pi}]")
-        complete = e.get("delivery_complete_count", -1)
-        if type(complete) is not int or not i32_lo <= complete <= i32_hi:
-            raise _field_error(e, "delivery_complete_count", _INT32.expected, f"[{pi}]")
-        raw_batches = e.get("state_batches")
-        if type(raw_batches) is not list:
-            raise _field_error(e, "state_batches", "a list", f"[{pi}]")
-        if len(raw_batches) > max_batches:
+    for pi, e in enumerate(entries):
+        batches = e.state_batches
+        if len(batches) > max_batches:
             raise BodyError(
-                f"[{pi}].state_batches",
-                f"{len(raw_batches)} state batches, more than the limit of {max_batches}",
+                f"topics[{ti}].partitions[{pi}].state_batches",
+                f"{len(batches)} state batches, more than the limit of {max_batches}",
             )
-        batches: list[StateBatch] = []
-        first_bad = -1
-        for bi, b in enumerate(raw_batches):
-            if type(b) is not dict:
-                raise _not_a("a map", b, f"[{pi}].state_batches[{bi}]")
-            first = b.get("first_offset")
-            if type(first) is not int or not i64_lo <= first <= i64_hi:
-                raise _field_error(b, "first_offset", _INT64.expected, _batch(pi, bi))
-            last = b.get("last_offset")
-            if type(last) is not int or not i64_lo <= last <= i64_hi:
-                raise _field_error(b, "last_offset", _INT64.expected, _batch(pi, bi))
-            state = b.get("delivery_state")
-            if type(state) is not int or not i8_lo <= state <= i8_hi:
-                raise _field_error(b, "delivery_state", _INT8.expected, _batch(pi, bi))
-            count = b.get("delivery_count")
-            if type(count) is not int or not i16_lo <= count <= i16_hi:
-                raise _field_error(b, "delivery_count", _INT16.expected, _batch(pi, bi))
+        if e.partition < 0 or e.state_epoch < -1 or e.leader_epoch < -1 or e.start_offset < -1:
+            e.invalid = _entry_problem(
+                e.partition,
+                ("state_epoch", e.state_epoch),
+                ("leader_epoch", e.leader_epoch),
+                ("start_offset", e.start_offset),
+            )
+            continue
+        if e.delivery_complete_count < -1:
+            e.invalid = (
+                f"delivery_complete_count must be -1 or greater, got {e.delivery_complete_count}"
+            )
+            continue
+        for bi, b in enumerate(batches):
             # 0 <= first <= last implies last >= 0.
-            if first_bad < 0 and (first < 0 or first > last or count < 0 or state not in states):
-                first_bad = bi
-            batches.append(batch(first, last, state, count))
-        invalid = None
-        if partition < 0 or state_epoch < -1 or leader_epoch < -1 or start_offset < -1:
-            invalid = _entry_problem(
-                partition,
-                ("state_epoch", state_epoch),
-                ("leader_epoch", leader_epoch),
-                ("start_offset", start_offset),
-            )
-        elif complete < -1:
-            invalid = f"delivery_complete_count must be -1 or greater, got {complete}"
-        elif first_bad >= 0:
-            invalid = _batch_problem(batches[first_bad], first_bad)
-        out.append(
-            WritePartition(
-                partition, state_epoch, leader_epoch, start_offset, batches, complete, invalid
-            )
-        )
-    return out
+            if (
+                b.first_offset < 0
+                or b.first_offset > b.last_offset
+                or b.delivery_count < 0
+                or b.delivery_state not in states
+            ):
+                e.invalid = _batch_problem(b, bi)
+                break
+        else:
+            # One batch is combined as it is; the shard sees that without help.
+            if len(batches) > 1 and is_clean(batches):
+                e.batches_combined = True
 
 
-def _delete_partitions(raw: list[Any], max_batches: int) -> list[DeletePartition]:
-    i32_lo, i32_hi = _INT32.lo, _INT32.hi
-    out: list[DeletePartition] = []
-    for pi, e in enumerate(raw):
-        if type(e) is not dict:
-            raise _not_a("a map", e, f"[{pi}]")
-        partition = e.get("partition")
-        if type(partition) is not int or not i32_lo <= partition <= i32_hi:
-            raise _field_error(e, "partition", _INT32.expected, f"[{pi}]")
-        out.append(DeletePartition(partition, MSG_NEGATIVE_PARTITION if partition < 0 else None))
-    return out
-
-
-def _read_summary_partitions(raw: list[Any], max_batches: int) -> list[ReadSummaryPartition]:
-    i32_lo, i32_hi = _INT32.lo, _INT32.hi
-    out: list[ReadSummaryPartition] = []
-    for pi, e in enumerate(raw):
-        if type(e) is not dict:
-            raise _not_a("a map", e, f"[{pi}]")
-        partition = e.get("partition")
-        if type(partition) is not int or not i32_lo <= partition <= i32_hi:
-            raise _field_error(e, "partition", _INT32.expected, f"[{pi}]")
-        # Ignored by the RPC, but still checked like every epoch (SPEC §A.1 point 16).
-        leader_epoch = e.get("leader_epoch", -1)
-        if type(leader_epoch) is not int or not i32_lo <= leader_epoch <= i32_hi:
-            raise _field_error(e, "leader_epoch", _INT32.expected, f"[{pi}]")
-        invalid = None
-        if partition < 0 or leader_epoch < -1:
-            invalid = _entry_problem(partition, ("leader_epoch", leader_epoch))
-        out.append(ReadSummaryPartition(partition, leader_epoch, invalid))
-    return out
-
-
-_PARTITION_DECODERS: dict[Rpc, Callable[[list[Any], int], list[Any]]] = {
-    Rpc.INITIALIZE: _initialize_partitions,
-    Rpc.READ: _read_partitions,
-    Rpc.WRITE: _write_partitions,
-    Rpc.DELETE: _delete_partitions,
-    Rpc.READ_SUMMARY: _read_summary_partitions,
+_EDGE_CHECKS: dict[Rpc, Callable[[Any, int, int], None]] = {
+    Rpc.INITIALIZE: _check_initialize,
+    Rpc.READ: _check_read,
+    Rpc.WRITE: _check_write,
+    Rpc.DELETE: _check_delete,
+    Rpc.READ_SUMMARY: _check_read_summary,
 }
-
-
-def _batch(pi: int, bi: int) -> str:
-    return f"[{pi}].state_batches[{bi}]"
 
 
 def _entry_problem(partition: int, *at_least_minus_one: tuple[str, int]) -> str | None:
@@ -504,155 +341,82 @@ def _entry_problem(partition: int, *at_least_minus_one: tuple[str, int]) -> str 
 
 
 def _batch_problem(b: StateBatch, bi: int) -> str:
-    first, last, state, count = b
+    first, last = b.first_offset, b.last_offset
     if first < 0:
         return f"state_batches[{bi}]: first_offset must be 0 or greater, got {first}"
     if last < 0:
         return f"state_batches[{bi}]: last_offset must be 0 or greater, got {last}"
     if first > last:
         return f"state_batches[{bi}]: first_offset {first} is greater than last_offset {last}"
-    if state not in DELIVERY_STATES:
-        return f"state_batches[{bi}]: delivery_state must be one of 0, 1, 2, 4, got {state}"
-    return f"state_batches[{bi}]: delivery_count must be 0 or greater, got {count}"
-
-
-# --- other server-side decoders -------------------------------------------------------
+    if b.delivery_state not in DELIVERY_STATES:
+        return (
+            f"state_batches[{bi}]: delivery_state must be one of 0, 1, 2, 4, got {b.delivery_state}"
+        )
+    return f"state_batches[{bi}]: delivery_count must be 0 or greater, got {b.delivery_count}"
 
 
 def decode_find_coordinator(
     body: bytes, fmt: Format, limits: Limits = DEFAULT_LIMITS
 ) -> FindCoordinatorRequest:
     """``{"keys": [str, ...]}``. The keys are not parsed here: a bad one fails alone."""
-    root = _load_map(body, fmt)
-    keys = root.get("keys")
-    if type(keys) is not list:
-        raise _field_error(root, "keys", "a list of strings", "")
-    if len(keys) > limits.max_entries_per_request:
+    request = decode_body(FindCoordinatorRequest, body, fmt)
+    if len(request.keys) > limits.max_entries_per_request:
         raise BodyError(
-            "keys", f"{len(keys)} keys, more than the limit of {limits.max_entries_per_request}"
+            "keys",
+            f"{len(request.keys)} keys, more than the limit of {limits.max_entries_per_request}",
         )
-    for i, key in enumerate(keys):
-        if type(key) is not str:
-            raise _not_a("a string", key, f"keys[{i}]")
-        _check_utf8(key, f"keys[{i}]")  # echoed in the response
-    return FindCoordinatorRequest(keys)
+    return request
 
 
 def decode_topic_registration(body: bytes, fmt: Format) -> tuple[str, str, int]:
     """``PUT /v1/admin/topics``: ``(topic_id as spelled, canonical id, partition_count)``."""
-    root = _load_map(body, fmt)
-    topic_id = root.get("topic_id")
-    if type(topic_id) is not str:
-        raise _field_error(root, "topic_id", _TOPIC_ID, "")
+    registration = decode_body(TopicRegistration, body, fmt)
     try:
-        key_topic_id = _canonical_topic_id(topic_id)
+        canonical = _canonical_topic_id(registration.topic_id)
     except ValueError:
-        raise _not_a(_TOPIC_ID, topic_id, "topic_id") from None
-    count = root.get("partition_count")
-    if type(count) is not int or not 1 <= count <= _INT32.hi:
-        raise _field_error(root, "partition_count", "an integer from 1 to 2147483647", "")
-    return topic_id, key_topic_id, count
+        raise BodyError(
+            "topic_id", f"expected {TOPIC_ID_EXPECTED}, got {describe(registration.topic_id)}"
+        ) from None
+    return registration.topic_id, canonical, registration.partition_count
 
 
-# --- response encoding (server side) --------------------------------------------------
+# --- encoding -------------------------------------------------------------------------
+
+_MSGPACK_ENCODER = msgspec.msgpack.Encoder()
+_JSON_STRUCT_ENCODER = msgspec.json.Encoder()
 
 
-def _batch_maps(batches: list[StateBatch]) -> list[dict[str, int]]:
-    return [
-        {"first_offset": f, "last_offset": last, "delivery_state": s, "delivery_count": c}
-        for f, last, s, c in batches
-    ]
-
-
-def _base_result_map(r: PartitionResult) -> dict[str, Any]:
-    return {"partition": r.partition, "error_code": r.error_code, "error_message": r.error_message}
-
-
-def _read_result_map(r: ReadPartitionResult) -> dict[str, Any]:
-    return {
-        "partition": r.partition,
-        "error_code": r.error_code,
-        "error_message": r.error_message,
-        "state_epoch": r.state_epoch,
-        "start_offset": r.start_offset,
-        "state_batches": _batch_maps(r.state_batches),
-    }
-
-
-def _read_summary_result_map(r: ReadSummaryPartitionResult) -> dict[str, Any]:
-    return {
-        "partition": r.partition,
-        "error_code": r.error_code,
-        "error_message": r.error_message,
-        "state_epoch": r.state_epoch,
-        "leader_epoch": r.leader_epoch,
-        "start_offset": r.start_offset,
-        "delivery_complete_count": r.delivery_complete_count,
-    }
-
-
-_RESULT_MAPS: dict[Rpc, Callable[[Any], dict[str, Any]]] = {
-    Rpc.INITIALIZE: _base_result_map,
-    Rpc.READ: _read_result_map,
-    Rpc.WRITE: _base_result_map,
-    Rpc.DELETE: _base_result_map,
-    Rpc.READ_SUMMARY: _read_summary_result_map,
-}
+def encode(obj: object, fmt: Format) -> bytes:
+    """Any body of ``protocol.messages`` (or plain maps and lists of them)."""
+    if fmt is Format.MSGPACK:
+        return _MSGPACK_ENCODER.encode(obj)
+    return _JSON_STRUCT_ENCODER.encode(obj)
 
 
 def encode_response(resp: ShareGroupStateResponse[Any], fmt: Format) -> bytes:
-    """``{"results": [{"topic_id", "partitions": [...]}]}`` with the fields of ``resp.rpc``."""
-    result_map = _RESULT_MAPS[resp.rpc]
-    results = [
-        {"topic_id": t.topic_id, "partitions": [result_map(r) for r in t.partitions]}
-        for t in resp.results
-    ]
-    return _dump({"results": results}, fmt)
+    """``{"results": [{"topic_id", "partitions": [...]}]}``."""
+    return encode(resp, fmt)
 
 
 def encode_find_coordinator_response(resp: FindCoordinatorResponse, fmt: Format) -> bytes:
-    coordinators = [
-        {
-            "key": c.key,
-            "state_partition": c.state_partition,
-            "node_id": c.node_id,
-            "host": c.host,
-            "port": c.port,
-            "error_code": c.error_code,
-            "error_message": c.error_message,
-        }
-        for c in resp.coordinators
-    ]
-    return _dump({"coordinators": coordinators}, fmt)
+    return encode(resp, fmt)
 
 
 def encode_admin_state(state: AdminState, fmt: Format) -> bytes:
-    """The admin state of one key (SPEC §A.1 point 10)."""
-    return _dump(
-        {
-            "group_id": state.group_id,
-            "topic_id": state.topic_id,
-            "partition": state.partition,
-            "snapshot_epoch": state.snapshot_epoch,
-            "state_epoch": state.state_epoch,
-            "leader_epoch": state.leader_epoch,
-            "start_offset": state.start_offset,
-            "delivery_complete_count": state.delivery_complete_count,
-            "state_batches": _batch_maps(state.state_batches),
-            "fencing": {
-                "state_epoch": state.fencing.state_epoch,
-                "leader_epoch": state.fencing.leader_epoch,
-            },
-        },
-        fmt,
-    )
+    """The admin state of one key (docs/semantics.md §A.1 point 10)."""
+    return encode(state, fmt)
 
 
 def encode_error(code: int, message: str, fmt: Format) -> bytes:
-    """The body of every non-200 answer."""
-    return _dump({"error_code": code, "error_message": message}, fmt)
+    """The body of every non-200 answer. Its text may quote anything a client sent, so
+    JSON escapes everything outside ASCII (a lone surrogate included) and msgpack
+    replaces what UTF-8 cannot carry."""
+    if fmt is Format.MSGPACK:
+        safe = message.encode("utf-8", "backslashreplace").decode("utf-8")
+        return _MSGPACK_ENCODER.encode(ErrorBody(code, safe))
+    return _JSON_ENCODER.encode({"error_code": code, "error_message": message}).encode("ascii")
 
 
-def encode_object(obj: dict[str, Any], fmt: Format) -> bytes:
+def encode_object(obj: object, fmt: Format) -> bytes:
     """A small admin body (``{"error_code": 0}``, partition listings, ...)."""
-    return _dump(obj, fmt)
+    return encode(obj, fmt)

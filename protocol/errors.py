@@ -1,4 +1,4 @@
-"""Kafka error codes used by the share-group state RPCs (SPEC §12, API.md).
+"""Kafka error codes used by the share-group state RPCs (docs/semantics.md §12, docs/api.md).
 
 One class per error, as in aiokafka: ``errno``, the Kafka name, the default message
 and whether a caller may retry. Errors travel as data (a code and a message in each
@@ -136,12 +136,12 @@ GROUP_ID_NOT_FOUND = GroupIdNotFound.errno
 FENCED_LEADER_EPOCH = FencedLeaderEpoch.errno
 FENCED_STATE_EPOCH = FencedStateEpoch.errno
 
-# The texts the coordinator supplies instead of a default (SPEC §12).
+# The texts the coordinator supplies instead of a default (docs/semantics.md §12).
 MSG_NULL_TOPIC = "The topic id cannot be null."
 MSG_NEGATIVE_PARTITION = "The partition id cannot be a negative number."
 MSG_WRITE_UNINITIALIZED = "Write operation on uninitialized share partition not allowed."
 MSG_READ_UNINITIALIZED = "Read operation on uninitialized share partition not allowed."
-# The service's own text for 15 (SPEC §12).
+# The service's own text for 15 (docs/semantics.md §12).
 MSG_SHARE_COORDINATOR_NOT_AVAILABLE = "Share coordinator is not available."
 
 

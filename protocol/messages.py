@@ -1,21 +1,30 @@
-"""Typed messages of the share-group state RPCs and find-coordinator (API.md).
+"""The wire schema of the HTTP API (docs/api.md), declared once as msgspec Structs.
 
-Field names are the snake_case forms of Kafka's RPC schema fields (apiKeys 83-87).
-These are plain data: ``protocol.codec`` turns bodies into them and back.
+Field names are the snake_case forms of Kafka's RPC schema fields (apiKeys 83-87);
+the widths come from ``protocol.widths``. The same declarations are what the daemon
+decodes request bodies into (``protocol.codec``), what the client encodes and decodes
+(``protocol.client_codec``), and what ``openapi.yaml`` is generated from
+(``protocol.openapi``). Field order is the order in which bodies are written.
 
-A request partition whose values are well-formed but fail an edge check (SPEC §A:
-negative partition, ``first_offset > last_offset``, unknown delivery state, ...) is
-decoded with ``invalid`` set to the message; it fails alone with INVALID_REQUEST (42)
-and never reaches the state.
+A decoded request entry is the operation itself: ``protocol.codec`` sets two things on
+it that never travel on the wire (they are attributes, not fields, so no body can set
+them): ``invalid``, the message of a failed edge check (docs/semantics.md §A: negative partition,
+``first_offset > last_offset``, unknown delivery state, ...), which fails that entry
+alone with INVALID_REQUEST (42); and, for a write, ``batches_combined``: its batches
+are already in the combiner's shape, so the shard can skip combining them with nothing.
+A decoded topic carries ``key_topic_id``, the canonical 22-character form of its
+``topic_id`` (which the answer echoes as spelled).
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Annotated, Generic, TypeVar, cast
+
+from msgspec import Meta, Struct
 
 from protocol.batches import StateBatch
+from protocol.widths import Int16, Int32, Int64, NonEmptyString, TopicIdText
 
 
 class Rpc(enum.Enum):
@@ -42,45 +51,49 @@ _API_KEYS = {
 
 
 # --- requests -------------------------------------------------------------------------
+# dict=True: a decoded entry takes the decode pass's findings as plain attributes; the
+# class attributes below (not annotated, so msgspec does not take them for fields) are
+# their defaults. Only fields are ever decoded or encoded.
 
 
-@dataclass(slots=True)
-class InitializePartition:
-    partition: int
-    state_epoch: int
-    start_offset: int
-    invalid: str | None = None
+class InitializePartition(Struct, dict=True):
+    partition: Int32
+    state_epoch: Int32
+    start_offset: Int64
+
+    invalid = cast("str | None", None)
 
 
-@dataclass(slots=True)
-class ReadPartition:
-    partition: int
-    leader_epoch: int
-    invalid: str | None = None
+class ReadPartition(Struct, dict=True):
+    partition: Int32
+    leader_epoch: Int32
+
+    invalid = cast("str | None", None)
 
 
-@dataclass(slots=True)
-class WritePartition:
-    partition: int
-    state_epoch: int
-    leader_epoch: int
-    start_offset: int
+class WritePartition(Struct, dict=True):
+    partition: Int32
+    state_epoch: Int32
+    leader_epoch: Int32
+    start_offset: Int64
     state_batches: list[StateBatch]
-    delivery_complete_count: int = -1
-    invalid: str | None = None
+    delivery_complete_count: Int32 = -1
+
+    invalid = cast("str | None", None)
+    batches_combined = False
 
 
-@dataclass(slots=True)
-class DeletePartition:
-    partition: int
-    invalid: str | None = None
+class DeletePartition(Struct, dict=True):
+    partition: Int32
+
+    invalid = cast("str | None", None)
 
 
-@dataclass(slots=True)
-class ReadSummaryPartition:
-    partition: int
-    leader_epoch: int = -1
-    invalid: str | None = None
+class ReadSummaryPartition(Struct, dict=True):
+    partition: Int32
+    leader_epoch: Int32 = -1
+
+    invalid = cast("str | None", None)
 
 
 RequestPartition = (
@@ -91,130 +104,194 @@ P = TypeVar(
 )
 
 
-@dataclass(slots=True)
-class TopicRequest(Generic[P]):
-    """One topic entry. ``topic_id`` is echoed in the response exactly as spelled;
-    ``key_topic_id`` is its canonical 22-char form, used for keys and routing."""
+class TopicRequest(Struct, Generic[P], dict=True):
+    """One topic entry; ``topic_id`` is echoed in the answer exactly as spelled."""
 
-    topic_id: str
-    key_topic_id: str
+    topic_id: TopicIdText
     partitions: list[P]
 
+    key_topic_id = ""
 
-@dataclass(slots=True)
-class ShareGroupStateRequest(Generic[P]):
-    rpc: Rpc
-    group_id: str
+
+class ShareGroupStateRequest(Struct, Generic[P]):
+    group_id: NonEmptyString
     topics: list[TopicRequest[P]]
 
     def entry_count(self) -> int:
         return sum(len(t.partitions) for t in self.topics)
 
 
-@dataclass(slots=True)
-class FindCoordinatorRequest:
-    keys: list[str]
+REQUEST_PARTITIONS: dict[Rpc, type[RequestPartition]] = {
+    Rpc.INITIALIZE: InitializePartition,
+    Rpc.READ: ReadPartition,
+    Rpc.WRITE: WritePartition,
+    Rpc.DELETE: DeletePartition,
+    Rpc.READ_SUMMARY: ReadSummaryPartition,
+}
+
+
+class FindCoordinatorRequest(Struct):
+    """The keys are ``group:topicId:partition``; each is parsed on its own, and one that
+    does not parse fails alone."""
+
+    keys: Annotated[list[str], Meta(extra={"expected": "a list of strings"})]
+
+
+class TopicRegistration(Struct):
+    """``PUT /v1/admin/topics``: register or resize a topic of the topic catalog."""
+
+    topic_id: TopicIdText
+    partition_count: Annotated[
+        int, Meta(ge=1, le=2**31 - 1, extra={"expected": "an integer from 1 to 2147483647"})
+    ]
 
 
 # --- responses ------------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class PartitionResult:
-    """Result of initialize, write and delete: ``partition``, ``error_code``,
-    ``error_message`` (null on success)."""
+class PartitionResult(Struct, gc=False):
+    """Result of initialize, write and delete; ``error_message`` is null on success."""
 
-    partition: int
-    error_code: int = 0
-    error_message: str | None = None
+    partition: Int32
+    error_code: Int16
+    error_message: str | None
 
 
-@dataclass(slots=True)
-class ReadPartitionResult(PartitionResult):
-    """Error results carry Kafka's schema defaults: 0, 0, []."""
+class ReadPartitionResult(PartitionResult, gc=False):
+    """Error results carry Kafka's schema defaults: 0, 0, [] (``error_result``)."""
 
-    state_epoch: int = 0
-    start_offset: int = 0
-    state_batches: list[StateBatch] = field(default_factory=list)
+    state_epoch: Int32
+    start_offset: Int64
+    state_batches: list[StateBatch]
 
 
-@dataclass(slots=True)
-class ReadSummaryPartitionResult(PartitionResult):
-    """Error results carry Kafka's schema defaults: 0, 0, 0, -1."""
+class ReadSummaryPartitionResult(PartitionResult, gc=False):
+    """Error results carry Kafka's schema defaults: 0, 0, 0, -1 (``error_result``)."""
 
-    state_epoch: int = 0
-    leader_epoch: int = 0
-    start_offset: int = 0
-    delivery_complete_count: int = -1
+    state_epoch: Int32
+    leader_epoch: Int32
+    start_offset: Int64
+    delivery_complete_count: Int32
 
 
 AnyPartitionResult = PartitionResult | ReadPartitionResult | ReadSummaryPartitionResult
 R = TypeVar("R", PartitionResult, ReadPartitionResult, ReadSummaryPartitionResult)
 
 
-@dataclass(slots=True)
-class TopicResult(Generic[R]):
+class TopicResult(Struct, Generic[R]):
     topic_id: str
     partitions: list[R]
 
 
-@dataclass(slots=True)
-class ShareGroupStateResponse(Generic[R]):
-    rpc: Rpc
+class ShareGroupStateResponse(Struct, Generic[R]):
+    """Results mirror the request: same topics and entries, same order."""
+
     results: list[TopicResult[R]]
 
 
 def error_result(rpc: Rpc, partition: int, code: int, message: str | None) -> AnyPartitionResult:
     """The failed result of ``rpc`` for one partition, with the schema's default fields."""
     if rpc is Rpc.READ:
-        return ReadPartitionResult(partition, code, message)
+        return ReadPartitionResult(partition, code, message, 0, 0, [])
     if rpc is Rpc.READ_SUMMARY:
-        return ReadSummaryPartitionResult(partition, code, message)
+        return ReadSummaryPartitionResult(partition, code, message, 0, 0, 0, -1)
     return PartitionResult(partition, code, message)
 
 
-@dataclass(slots=True)
-class CoordinatorResult:
+class CoordinatorResult(Struct):
     key: str
-    state_partition: int
-    node_id: int
+    state_partition: Int32
+    node_id: Int32
     host: str
-    port: int
-    error_code: int = 0
-    error_message: str | None = None
+    port: Int32
+    error_code: Int16
+    error_message: str | None
 
 
-@dataclass(slots=True)
-class FindCoordinatorResponse:
+class FindCoordinatorResponse(Struct):
     coordinators: list[CoordinatorResult]
 
 
-@dataclass(slots=True)
-class Fencing:
-    state_epoch: int | None
-    leader_epoch: int
+class Fencing(Struct):
+    """The maxima fencing uses (docs/semantics.md §2); ``state_epoch`` is null for a key built only
+    from updates."""
+
+    state_epoch: Int32 | None
+    leader_epoch: Int32
 
 
-@dataclass(slots=True)
-class AdminState:
+class AdminState(Struct):
     """``GET /v1/admin/state``: the stored state of one key, no fencing, no side effect
-    (SPEC §A.1 point 10). ``topic_id`` echoes the query's spelling."""
+    (docs/semantics.md §A.1 point 10). ``topic_id`` echoes the query's spelling."""
 
     group_id: str
     topic_id: str
-    partition: int
-    snapshot_epoch: int
-    state_epoch: int
-    leader_epoch: int
-    start_offset: int
-    delivery_complete_count: int
+    partition: Int32
+    snapshot_epoch: Int32
+    state_epoch: Int32
+    leader_epoch: Int32
+    start_offset: Int64
+    delivery_complete_count: Int32
     state_batches: list[StateBatch]
     fencing: Fencing
 
 
-@dataclass(slots=True)
-class ErrorBody:
+class ErrorBody(Struct):
     """The body of every non-200 answer."""
 
-    error_code: int
+    error_code: Int16
     error_message: str
+
+
+# --- admin answers --------------------------------------------------------------------
+
+
+class Acknowledged(Struct):
+    """``PUT /v1/admin/topics``."""
+
+    error_code: Int16
+
+
+class TopicDeleted(Struct):
+    """``DELETE /v1/admin/topics/{topic_id}``."""
+
+    error_code: Int16
+    deleted_share_partitions: int
+
+
+class CompactionCommitted(Struct):
+    """``POST /v1/admin/compaction/commit``: staged outputs as ``partition/base``."""
+
+    committed: list[str]
+    stale: list[str]
+
+
+class PartitionStatus(Struct):
+    """One state partition in ``GET /v1/admin/partitions``; the log fields are null
+    while it loads."""
+
+    partition: int
+    status: str
+    log_start_offset: int | None
+    log_end_offset: int | None
+    segments: int | None
+    bytes: int | None
+    keys: int
+    error: str | None
+
+
+class PartitionStatuses(Struct):
+    partitions: list[PartitionStatus]
+
+
+class Readiness(Struct):
+    """``GET /readyz``."""
+
+    status: str
+    failed_partitions: list[int]
+
+
+class Health(Struct):
+    """``GET /healthz``."""
+
+    status: str

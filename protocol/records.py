@@ -1,9 +1,9 @@
-"""The records of the state log and their msgpack encoding (SPEC §3, §A).
+"""The records of the state log and their msgpack encoding (docs/semantics.md §3, §A).
 
 Three records, as in Kafka's ``__share_group_state`` topic:
 
 * ``ShareSnapshot``: the whole state of a share-partition; replaces what was there.
-* ``ShareUpdate``: a delta merged into the state (SPEC §4).
+* ``ShareUpdate``: a delta merged into the state (docs/semantics.md §4).
 * ``ShareTombstone``: the share-partition's state is deleted (a ShareSnapshot key with a
   null value).
 
@@ -30,7 +30,7 @@ ShareSnapshot value: a msgpack array, fields by position::
                                 first_offset, last_offset, delivery_state, delivery_count
     7 delivery_complete_count   int32, -1 = unknown (KIP-1226)
     8 fence_leader_epoch        int32 or nil: highest leader epoch seen for the key when
-                                the snapshot was written (SPEC §A)
+                                the snapshot was written (docs/semantics.md §A)
     9 fence_state_epoch         int32 or nil: highest state epoch seen likewise
 
 ShareUpdate value: a msgpack array::
@@ -41,24 +41,26 @@ ShareUpdate value: a msgpack array::
     3 state_batches             flat array as above
     4 delivery_complete_count   int32, -1 = unchanged
 
+The layouts are declared once below as array-like msgspec Structs (``KeyLayout``,
+``SnapshotValue``, ``UpdateValue``), with the widths above; decoding checks them.
 Decoders accept extra trailing fields, so a later version can add some.
 """
 
 from __future__ import annotations
 
-from itertools import chain
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import msgpack
+import msgspec
 
 from protocol.batches import StateBatch
+from protocol.widths import Int32, Int64
 
 SNAPSHOT_RECORD_TYPE = 0
 UPDATE_RECORD_TYPE = 1
 
 
 class ShareKey(NamedTuple):
-    """A share-partition: (group id, canonical topic id, partition) (SPEC §1.1)."""
+    """A share-partition: (group id, canonical topic id, partition) (docs/semantics.md §1.1)."""
 
     group_id: str
     topic_id: str
@@ -99,18 +101,65 @@ class RecordDecodeError(ValueError):
     """A frame whose checksum holds but whose key or value is not a valid record."""
 
 
+# --- the value layouts, as the log stores them (see the table above) -------------------
+
+
+class KeyLayout(msgspec.Struct, array_like=True, gc=False):
+    group_id: str
+    topic_id: str
+    partition: Int32
+
+
+class SnapshotValue(msgspec.Struct, array_like=True, gc=False):
+    snapshot_epoch: Int32
+    state_epoch: Int32
+    leader_epoch: Int32
+    start_offset: Int64
+    create_timestamp: Int64
+    write_timestamp: Int64
+    state_batches: list[int]  # flat: first_offset, last_offset, delivery_state, count
+    delivery_complete_count: Int32
+    fence_leader_epoch: Int32 | None
+    fence_state_epoch: Int32 | None
+
+
+class UpdateValue(msgspec.Struct, array_like=True, gc=False):
+    snapshot_epoch: Int32
+    leader_epoch: Int32
+    start_offset: Int64
+    state_batches: list[int]
+    delivery_complete_count: Int32
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_decode_key_layout = msgspec.msgpack.Decoder(KeyLayout).decode
+_decode_snapshot_value = msgspec.msgpack.Decoder(SnapshotValue).decode
+_decode_update_value = msgspec.msgpack.Decoder(UpdateValue).decode
+
+
 def record_type(record: Record) -> int:
     return UPDATE_RECORD_TYPE if type(record) is ShareUpdate else SNAPSHOT_RECORD_TYPE
 
 
 def encode_key(key: ShareKey) -> bytes:
-    return msgpack.packb((key.group_id, key.topic_id, key.partition))
+    return _encode(key)
+
+
+def flatten(batches: list[StateBatch]) -> list[int]:
+    """Batches as the log stores them: four integers each, one flat array."""
+    return [
+        n
+        for b in batches
+        for n in (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+    ]
 
 
 def encode_value(record: Record) -> bytes | None:
     """The value bytes of a record; None for a tombstone."""
+    if type(record) is ShareUpdate:
+        return encode_update_value(record)
     if type(record) is ShareSnapshot:
-        return msgpack.packb(
+        return _encode(
             (
                 record.snapshot_epoch,
                 record.state_epoch,
@@ -118,23 +167,32 @@ def encode_value(record: Record) -> bytes | None:
                 record.start_offset,
                 record.create_timestamp,
                 record.write_timestamp,
-                list(chain.from_iterable(record.state_batches)),
+                flatten(record.state_batches),
                 record.delivery_complete_count,
                 record.fence_leader_epoch,
                 record.fence_state_epoch,
             )
         )
-    if type(record) is ShareUpdate:
-        return msgpack.packb(
-            (
-                record.snapshot_epoch,
-                record.leader_epoch,
-                record.start_offset,
-                list(chain.from_iterable(record.state_batches)),
-                record.delivery_complete_count,
-            )
-        )
     return None
+
+
+def encode_update_value(record: ShareUpdate) -> bytes:
+    """The value of a ShareUpdate, the record nearly every write appends."""
+    batches = record.state_batches
+    if len(batches) == 1:
+        b = batches[0]
+        flat = [b.first_offset, b.last_offset, b.delivery_state, b.delivery_count]
+    else:
+        flat = flatten(batches)
+    return _encode(
+        (
+            record.snapshot_epoch,
+            record.leader_epoch,
+            record.start_offset,
+            flat,
+            record.delivery_complete_count,
+        )
+    )
 
 
 def encode_record(record: Record) -> tuple[int, bytes, bytes | None]:
@@ -163,19 +221,14 @@ class RecordDecoder:
 
     def decode(self, record_type: int, key: bytes, value: bytes | None) -> Record:
         share_key = self.decode_key(key)
-        try:
-            if record_type == SNAPSHOT_RECORD_TYPE:
-                if value is None:
-                    return ShareTombstone(share_key)
-                return _decode_snapshot(share_key, value)
-            if record_type == UPDATE_RECORD_TYPE:
-                if value is None:
-                    raise RecordDecodeError("a ShareUpdate record has a null value")
-                return _decode_update(share_key, value)
-        except (ValueError, TypeError, IndexError, msgpack.UnpackException) as exc:
-            if isinstance(exc, RecordDecodeError):
-                raise
-            raise RecordDecodeError(f"undecodable record value: {exc}") from exc
+        if record_type == SNAPSHOT_RECORD_TYPE:
+            if value is None:
+                return ShareTombstone(share_key)
+            return decode_snapshot(share_key, value)
+        if record_type == UPDATE_RECORD_TYPE:
+            if value is None:
+                raise RecordDecodeError("a ShareUpdate record has a null value")
+            return decode_update(share_key, value)
         raise RecordDecodeError(f"unknown record type {record_type}")
 
 
@@ -186,27 +239,57 @@ def decode_record(record_type: int, key: bytes, value: bytes | None) -> Record:
 
 def _decode_key(key: bytes) -> ShareKey:
     try:
-        fields = msgpack.unpackb(key)
-        group_id, topic_id, partition = fields[0], fields[1], fields[2]
-    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
-        raise RecordDecodeError(f"undecodable record key: {exc}") from exc
-    if type(group_id) is not str or type(topic_id) is not str or type(partition) is not int:
-        raise RecordDecodeError(f"record key has the wrong types: {fields!r}")
-    return ShareKey(group_id, topic_id, partition)
+        layout = _decode_key_layout(key)
+    except msgspec.MsgspecError as exc:
+        raise RecordDecodeError(f"undecodable record key: {exc}") from None
+    return ShareKey(layout.group_id, layout.topic_id, layout.partition)
 
 
-def _batches(flat: Any) -> list[StateBatch]:
-    if type(flat) is not list or len(flat) % 4:
+def unflatten(flat: list[int]) -> list[StateBatch]:
+    if len(flat) % 4:
         raise RecordDecodeError("state_batches is not a flat array of 4-tuples")
     fields = iter(flat)
     return list(map(StateBatch, fields, fields, fields, fields))
 
 
-def _decode_snapshot(key: ShareKey, value: bytes) -> ShareSnapshot:
-    v = msgpack.unpackb(value)
-    return ShareSnapshot(key, v[0], v[1], v[2], v[3], v[4], v[5], _batches(v[6]), v[7], v[8], v[9])
+def decode_snapshot_value(value: bytes) -> SnapshotValue:
+    try:
+        return _decode_snapshot_value(value)
+    except msgspec.MsgspecError as exc:
+        raise RecordDecodeError(f"undecodable record value: {exc}") from None
 
 
-def _decode_update(key: ShareKey, value: bytes) -> ShareUpdate:
-    v = msgpack.unpackb(value)
-    return ShareUpdate(key, v[0], v[1], v[2], _batches(v[3]), v[4])
+def decode_update_value(value: bytes) -> UpdateValue:
+    try:
+        return _decode_update_value(value)
+    except msgspec.MsgspecError as exc:
+        raise RecordDecodeError(f"undecodable record value: {exc}") from None
+
+
+def decode_snapshot(key: ShareKey, value: bytes) -> ShareSnapshot:
+    v = decode_snapshot_value(value)
+    return ShareSnapshot(
+        key,
+        v.snapshot_epoch,
+        v.state_epoch,
+        v.leader_epoch,
+        v.start_offset,
+        v.create_timestamp,
+        v.write_timestamp,
+        unflatten(v.state_batches),
+        v.delivery_complete_count,
+        v.fence_leader_epoch,
+        v.fence_state_epoch,
+    )
+
+
+def decode_update(key: ShareKey, value: bytes) -> ShareUpdate:
+    v = decode_update_value(value)
+    return ShareUpdate(
+        key,
+        v.snapshot_epoch,
+        v.leader_epoch,
+        v.start_offset,
+        unflatten(v.state_batches),
+        v.delivery_complete_count,
+    )

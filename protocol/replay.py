@@ -1,4 +1,4 @@
-"""Replaying records into the state of a state partition (SPEC §2, §4, §9, §A).
+"""Replaying records into the state of a state partition (docs/semantics.md §2, §4, §9, §A).
 
 The one implementation of the replay rules. The daemon's shard replays every record it
 appends and every record it loads through ``ShareStateMap.replay``; the Spark jobs fold
@@ -8,14 +8,16 @@ log segments through it too, so the three can never disagree.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import NamedTuple
 
-from protocol.batches import StateBatch, combine_state_batches
+import msgspec
+
+from protocol.batches import StateBatch, is_clean, merge_batches
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
 
 
-class ShareGroupOffset(NamedTuple):
-    """The stored state of one share-partition (Kafka's ShareGroupOffset)."""
+class ShareGroupOffset(msgspec.Struct, frozen=True, gc=False):
+    """The stored state of one share-partition (Kafka's ShareGroupOffset). Replaced,
+    never changed: a reader holding the previous one keeps seeing it."""
 
     snapshot_epoch: int
     state_epoch: int
@@ -30,42 +32,58 @@ class ShareGroupOffset(NamedTuple):
 class KeyState:
     """Everything a state partition keeps about one share-partition key.
 
-    Kafka keeps these in separate maps keyed alike (SPEC §2); one object per key is the
+    Kafka keeps these in separate maps keyed alike (docs/semantics.md §2); one object per key is the
     same information with a fraction of the memory.
     """
 
-    __slots__ = ("leader_fence", "snapshot_offset", "state", "state_fence", "update_count")
+    __slots__ = (
+        "batches_clean",
+        "key_bytes",
+        "leader_fence",
+        "snapshot_offset",
+        "state",
+        "state_fence",
+        "update_count",
+    )
 
     def __init__(
         self,
         state: ShareGroupOffset,
         leader_fence: int,
         state_fence: int | None,
+        key_bytes: bytes | None = None,
     ) -> None:
         self.state = state
+        # Whether state.state_batches is in the combiner's clean shape (see
+        # protocol.batches.is_clean); None until someone needed to know.
+        self.batches_clean: bool | None = None
+        # The key as the log stores it, so a write frames it without encoding it again.
+        self.key_bytes = key_bytes
         # leaderEpochMap: highest leader epoch of any replayed record of the key.
         self.leader_fence = leader_fence
         # stateEpochMap: highest state epoch of any replayed snapshot; None while the key
         # was only ever built from updates (possible in a hand-made log only).
         self.state_fence = state_fence
-        # snapshotUpdateCount: None until the first update (SPEC §4, §16.5).
+        # snapshotUpdateCount: None until the first update (docs/semantics.md §4, §16.5).
         self.update_count: int | None = None
         # Offsets manager: log offset of the key's latest snapshot, None before one.
         self.snapshot_offset: int | None = None
 
 
-def _max_epoch(current: int, fence: int | None) -> int:
+def max_epoch(current: int, fence: int | None) -> int:
+    """The higher of an epoch and a snapshot's fence field (None: no fence)."""
     return current if fence is None or fence < current else fence
 
 
-def _max_optional_epoch(current: int | None, epoch: int, fence: int | None) -> int:
-    best = _max_epoch(epoch, fence)
+def max_optional_epoch(current: int | None, epoch: int, fence: int | None) -> int:
+    """``max_epoch`` folded into a maximum that may not exist yet."""
+    best = max_epoch(epoch, fence)
     return best if current is None or current < best else current
 
 
 class ShareStateMap:
     """The replayed state of one state partition: ``key -> KeyState``, plus the
-    offsets manager's last redundant offset (SPEC §9)."""
+    offsets manager's last redundant offset (docs/semantics.md §9)."""
 
     def __init__(self, records_per_snapshot: int) -> None:
         self.records_per_snapshot = records_per_snapshot
@@ -83,19 +101,19 @@ class ShareStateMap:
     def get(self, key: ShareKey) -> KeyState | None:
         return self.keys.get(key)
 
-    def replay(self, offset: int, record: Record) -> None:
-        """Apply one record read from (or just appended to) the log at ``offset``."""
-        kind = type(record)
-        if kind is ShareUpdate:
-            self._replay_update(record)  # type: ignore[arg-type]
-        elif kind is ShareSnapshot:
-            self._replay_snapshot(offset, record)  # type: ignore[arg-type]
-        elif kind is ShareTombstone:
+    def replay(self, offset: int, record: Record, key_bytes: bytes | None = None) -> None:
+        """Apply one record read from (or just appended to) the log at ``offset``;
+        ``key_bytes`` is its key as the log holds it, when the caller has it."""
+        if isinstance(record, ShareUpdate):
+            self._replay_update(record, key_bytes)
+        elif isinstance(record, ShareSnapshot):
+            self._replay_snapshot(offset, record, key_bytes)
+        elif isinstance(record, ShareTombstone):
             self._replay_tombstone(offset, record.key)
         else:
             raise TypeError(f"not a state record: {record!r}")
 
-    def _replay_snapshot(self, offset: int, record: ShareSnapshot) -> None:
+    def _replay_snapshot(self, offset: int, record: ShareSnapshot, key_bytes: bytes | None) -> None:
         state = ShareGroupOffset(
             record.snapshot_epoch,
             record.state_epoch,
@@ -106,31 +124,35 @@ class ShareStateMap:
             record.state_batches,
             record.delivery_complete_count,
         )
-        # Fences are maxima over the key's history (SPEC §4.1-2); the fence fields of
+        # Fences are maxima over the key's history (docs/semantics.md §4.1-2); the fence fields of
         # sharecoord's snapshots carry that history across pruning and compaction (§A).
         entry = self.keys.get(record.key)
         if entry is None:
             entry = KeyState(
                 state,
-                _max_epoch(record.leader_epoch, record.fence_leader_epoch),
-                _max_epoch(record.state_epoch, record.fence_state_epoch),
+                max_epoch(record.leader_epoch, record.fence_leader_epoch),
+                max_epoch(record.state_epoch, record.fence_state_epoch),
+                key_bytes,
             )
             self.keys[record.key] = entry
         else:
-            entry.leader_fence = _max_optional_epoch(
+            entry.leader_fence = max_optional_epoch(
                 entry.leader_fence, record.leader_epoch, record.fence_leader_epoch
             )
-            entry.state_fence = _max_optional_epoch(
+            entry.state_fence = max_optional_epoch(
                 entry.state_fence, record.state_epoch, record.fence_state_epoch
             )
             entry.state = state
-            # A snapshot resets the counter only once it reached the limit (SPEC §4.4).
+            entry.batches_clean = None
+            if key_bytes is not None:
+                entry.key_bytes = key_bytes
+            # A snapshot resets the counter only once it reached the limit (docs/semantics.md §4.4).
             if entry.update_count is not None and entry.update_count >= self.records_per_snapshot:
                 entry.update_count = 0
         entry.snapshot_offset = offset
         self._tombstone_offset = None
 
-    def _replay_update(self, record: ShareUpdate) -> None:
+    def _replay_update(self, record: ShareUpdate, key_bytes: bytes | None) -> None:
         entry = self.keys.get(record.key)
         if entry is None:
             # Not reachable through the RPCs (they require Initialize), but a log may hold it.
@@ -144,13 +166,19 @@ class ShareStateMap:
                 record.state_batches,
                 record.delivery_complete_count,
             )
-            entry = KeyState(state, record.leader_epoch, None)
+            entry = KeyState(state, record.leader_epoch, None, key_bytes)
             entry.update_count = 0
             self.keys[record.key] = entry
             return
         entry.leader_fence = max(entry.leader_fence, record.leader_epoch)
         old = entry.state
         start = old.start_offset if record.start_offset == -1 else record.start_offset
+        clean = entry.batches_clean
+        if clean is None:
+            clean = is_clean(old.state_batches)
+        batches, entry.batches_clean = merge_batches(
+            old.state_batches, clean, record.state_batches, start
+        )
         entry.state = ShareGroupOffset(
             old.snapshot_epoch,
             old.state_epoch,
@@ -158,7 +186,7 @@ class ShareStateMap:
             start,
             old.create_timestamp,
             old.write_timestamp,
-            combine_state_batches(old.state_batches, record.state_batches, start),
+            batches,
             old.delivery_complete_count
             if record.delivery_complete_count == -1
             else record.delivery_complete_count,
@@ -170,7 +198,7 @@ class ShareStateMap:
         self._tombstone_offset = offset
 
     def last_redundant_offset(self) -> int | None:
-        """Every record below this offset is redundant; None when nothing is (SPEC §9).
+        """Every record below this offset is redundant; None when nothing is (docs/semantics.md §9).
 
         Kafka recomputes ``min(offsets of each key's latest snapshot)`` on every snapshot
         or tombstone replay, counting a just-tombstoned key once more; computing the same

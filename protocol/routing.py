@@ -1,4 +1,4 @@
-"""Which state partition owns a share-partition key (SPEC §1.2, §1.3).
+"""Which state partition owns a share-partition key (docs/semantics.md §1.2, §1.3).
 
 The coordinator key is ``"<group_id>:<topic_id>:<partition>"`` with the topic id in its
 22-char form; its Java ``String.hashCode`` (over UTF-16 code units, 32-bit wrapping),
@@ -48,20 +48,29 @@ def partition_for(group_id: str, topic_id: str, partition: int, num_partitions: 
 
     ``topic_id`` must be the canonical 22-char form (see ``protocol.topic_id``).
     """
-    # Java's hash is a polynomial in 31, so hash(prefix + suffix) =
-    # hash(prefix) * 31**len(suffix) + hash(suffix): the "group:topic:" part, shared by
-    # every partition of a topic, is hashed once.
-    h = _prefix_hash(group_id, topic_id)
-    for ch in str(partition):
-        h = (31 * h + ord(ch)) & 0xFFFFFFFF
-    h = h - (1 << 32) if h & 0x80000000 else h
-    return kafka_abs(h) % num_partitions
+    return partition_for_prefix(prefix_hash(group_id, topic_id), partition, num_partitions)
 
 
 @functools.lru_cache(maxsize=65536)
-def _prefix_hash(group_id: str, topic_id: str) -> int:
-    """Unsigned 32-bit Java hash of ``group_id:topic_id:``."""
+def prefix_hash(group_id: str, topic_id: str) -> int:
+    """Unsigned 32-bit Java hash of ``group_id:topic_id:``.
+
+    Java's hash is a polynomial in 31, so hash(prefix + suffix) =
+    hash(prefix) * 31**len(suffix) + hash(suffix): the part shared by every partition
+    of a topic is hashed once (and a request's entries mostly share one topic)."""
     return java_string_hash(f"{group_id}:{topic_id}:") & 0xFFFFFFFF
+
+
+def partition_for_prefix(prefix: int, partition: int, num_partitions: int) -> int:
+    """``partition_for`` given ``prefix_hash(group_id, topic_id)``."""
+    h = prefix
+    for ch in str(partition):
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    if h & 0x80000000:
+        h -= 1 << 32
+        # Kafka's Utils.abs: like abs, but Integer.MIN_VALUE maps to 0.
+        h = 0 if h == _INT32_MIN else -h
+    return h % num_partitions
 
 
 def partition_for_key(key: str, num_partitions: int) -> int:
@@ -71,7 +80,7 @@ def partition_for_key(key: str, num_partitions: int) -> int:
 
 
 def parse_coordinator_key(key: str) -> tuple[str, str, int]:
-    """Parse ``group:topicId:partition`` as Kafka's share coordinator does (SPEC §1.2).
+    """Parse ``group:topicId:partition`` as Kafka's share coordinator does (docs/semantics.md §1.2).
 
     Java ``String.split`` semantics (trailing empty tokens dropped), exactly three
     tokens, a trimmed non-empty group id, a base64url topic id of 16 bytes, a Java int

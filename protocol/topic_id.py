@@ -1,7 +1,7 @@
 """Kafka topic ids (Uuid): the 22-character base64url form and the RFC 4122 form.
 
 Kafka prints a topic id as the URL-safe base64 of its 16 big-endian bytes without
-padding, always 22 characters (SPEC §1.2); callers may also send the 36-character
+padding, always 22 characters (docs/semantics.md §1.2); callers may also send the 36-character
 RFC 4122 form. Both name the same topic, so keys always use the canonical 22-char form.
 """
 
@@ -32,7 +32,7 @@ def canonical_topic_id(text: str) -> str:
 
 
 def parse_key_topic_id(token: str) -> str:
-    """The 22-char form of the topic id token of a coordinator key (SPEC §1.2).
+    """The 22-char form of the topic id token of a coordinator key (docs/semantics.md §1.2).
 
     Follows Kafka's ``Uuid.fromString``: base64url that decodes to exactly 16 bytes,
     padding optional, nothing longer than 24 characters. Raises ``ValueError``.

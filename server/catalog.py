@@ -1,4 +1,4 @@
-"""The optional topic catalog (SPEC §A): topic id -> partition count.
+"""The optional topic catalog (docs/semantics.md §A): topic id -> partition count.
 
 With ``--topic-catalog`` the shards check every key against it where Kafka checks its
 metadata image (§5), answering UNKNOWN_TOPIC_OR_PARTITION for an unregistered topic or a

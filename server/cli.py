@@ -1,4 +1,4 @@
-"""The ``sharecoord`` command (README.md, "Operating it").
+"""The ``sharecoord`` command (docs/api.md#cli).
 
 Exit codes: 0 ok, 1 a failure found (verify, audit) or an operation failed, 2 usage
 error (bad flags or settings). Every error a user can cause is one line on stderr,

@@ -1,5 +1,6 @@
-"""The static cluster map: which node owns which state partitions (DESIGN.md, "Growing
-past one machine"; API.md, the cluster file and ``find-coordinator``).
+"""The static cluster map: which node owns which state partitions
+(docs/design.md#growing-past-one-machine; docs/api.md#the-cluster-file and
+docs/api.md#find-coordinator).
 
 State partitions are the unit of ownership. A cluster file names every node and the
 state partitions it owns; each state partition has exactly one owner::
@@ -139,7 +140,7 @@ def check_partition_count(cluster: ClusterMap, partitions: int) -> None:
 
 def find_coordinator(cluster: ClusterMap, keys: list[str]) -> list[CoordinatorResult]:
     """Answer ``POST /v1/find-coordinator``: one result per key, in order. A key that
-    does not parse (SPEC §1.2) gets 42 with ``-1``/``""`` for the rest."""
+    does not parse (docs/semantics.md §1.2) gets 42 with ``-1``/``""`` for the rest."""
     results = []
     for key in keys:
         try:
@@ -159,7 +160,9 @@ def find_coordinator(cluster: ClusterMap, keys: list[str]) -> list[CoordinatorRe
             continue
         state_partition = partition_for(group_id, topic_id, partition, cluster.num_partitions)
         owner = cluster.owner(state_partition)
-        results.append(CoordinatorResult(key, state_partition, owner.id, owner.host, owner.port))
+        results.append(
+            CoordinatorResult(key, state_partition, owner.id, owner.host, owner.port, 0, None)
+        )
     return results
 
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from protocol.shard import MAX_RECORDS_PER_SNAPSHOT
 from protocol.topic_id import canonical_topic_id
 from server.cluster import (
     MAX_PARTITIONS,
@@ -39,7 +40,6 @@ from server.cluster import (
     check_partition_count,
     load_cluster,
 )
-from server.shard import MAX_RECORDS_PER_SNAPSHOT
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -328,7 +328,7 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
     _int(
         "snapshot_update_records_per_snapshot",
         500,
-        "Updates of a key between two snapshots of it (SPEC §6).",
+        "Updates of a key between two snapshots of it (docs/semantics.md §6).",
         between(0, MAX_RECORDS_PER_SNAPSHOT),
         kafka_name="share.coordinator.snapshot.update.records.per.snapshot",
     ),
@@ -344,7 +344,7 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         "This node's id; with --cluster, it must be a node of the cluster file.",
         between(0, _INT32_MAX),
     ),
-    _file("cluster", "Cluster file (TOML) mapping nodes to state partitions (API.md)."),
+    _file("cluster", "Cluster file (TOML) mapping nodes to state partitions (docs/api.md)."),
     _file(
         "auth_token_file",
         "File holding the bearer token every /v1/ request must carry.",
@@ -364,7 +364,7 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
     _ms(
         "cold_partition_snapshot_interval_ms",
         300000,
-        "How often keys written only by updates get a fresh snapshot (SPEC §10).",
+        "How often keys written only by updates get a fresh snapshot (docs/semantics.md §10).",
         "share.coordinator.cold.partition.snapshot.interval.ms",
     ),
     _ms(
@@ -433,7 +433,7 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
 )
 
 
-# --- the other commands (API.md's CLI) ----------------------------------------------------
+# --- the other commands (docs/api.md#cli) ----------------------------------------------
 # Their flags read the environment and the config file exactly like serve's, so one
 # file can carry the settings of every command.
 

@@ -3,7 +3,7 @@ connection may wait for its first request.
 
 aiohttp answers some requests without the app's middlewares: a request line or headers
 it cannot parse (its own text/plain 400), and an ``Expect`` header other than
-``100-continue`` (a text/plain 417, raised before the middlewares run). API.md promises
+``100-continue`` (a text/plain 417, raised before the middlewares run). docs/api.md promises
 ``{"error_code", "error_message"}`` on every non-200 answer, so these get it too: JSON
 for a request that did not parse (its format is not known), the request's format for a
 failed expectation. A malformed request is logged in one line at debug level, not as a

@@ -1,4 +1,4 @@
-"""The HTTP edge (API.md): aiohttp handlers, middlewares and the app's lifecycle.
+"""The HTTP edge (docs/api.md): aiohttp handlers, middlewares and the app's lifecycle.
 
 Bodies are decoded here (``protocol.codec``): a malformed body stops at this edge with
 400 / INVALID_REQUEST naming the field, and nothing reaches the state. Every non-200
@@ -13,16 +13,24 @@ import logging
 import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from persistence import FileOps, GroupCommitter, StateLog
 from protocol import codec, errors
 from protocol.codec import BodyError, Format
-from protocol.messages import Rpc
+from protocol.messages import (
+    Acknowledged,
+    CompactionCommitted,
+    PartitionStatuses,
+    Rpc,
+    TopicDeleted,
+)
 from protocol.records import ShareKey
+from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
 from server.access_log import access_log_middleware
 from server.catalog import TopicCatalog
@@ -33,7 +41,6 @@ from server.metrics import ShareCoordinatorMetrics
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
 from server.service import CoordinatorService, JobIntervals, ServiceError
-from server.shard import ShardConfig
 
 _log = logging.getLogger("sharecoord.http")
 
@@ -95,7 +102,7 @@ def _accept_format(request: web.Request) -> Format:
 
 def _answer_format(request: web.Request) -> Format:
     """Format of an answer given before (or instead of) a handler: the request's format
-    when its Content-Type names one, else JSON; Accept may ask for the other (API.md)."""
+    when its Content-Type names one, else JSON; Accept may ask for the other (docs/api.md)."""
     return codec.response_format(request.headers.get("Content-Type"), request.headers.get("Accept"))
 
 
@@ -174,7 +181,7 @@ async def _send(request: web.Request, response: web.StreamResponse) -> None:
 
 def _describe_http_error(request: web.Request, exc: web.HTTPException) -> str:
     if exc.status == 404:
-        return f"no such endpoint: {request.method} {request.path} (see API.md)"
+        return f"no such endpoint: {request.method} {request.path} (see docs/api.md)"
     if exc.status == 405:
         return f"method {request.method} is not allowed on {request.path}"
     return exc.reason
@@ -209,7 +216,7 @@ async def auth_middleware(
 
 
 async def _read_body(request: web.Request) -> tuple[bytes, Format, Format]:
-    """The body and its format, and the answer's format; 415 / 413 as API.md says."""
+    """The body and its format, and the answer's format; 415 / 413 as docs/api.md says."""
     content_type = request.headers.get("Content-Type")
     fmt = codec.format_of(content_type)
     if fmt is None:
@@ -342,7 +349,7 @@ def _rpc_handler(rpc: Rpc) -> Callable[[web.Request], Awaitable[web.StreamRespon
         except BodyError as exc:
             metrics.rpc_requests.labels(name, errors.INVALID_REQUEST).inc()
             return error_response(400, errors.INVALID_REQUEST, str(exc), out)
-        response = await coordinator.require_service().handle(decoded)
+        response = await coordinator.require_service().handle(rpc, decoded)
         encoded = codec.encode_response(response, out)
         metrics.rpc_requests.labels(name, "ok").inc()
         metrics.rpc_latency.labels(name).observe(time.perf_counter() - started)
@@ -386,7 +393,9 @@ async def handle_admin_state(request: web.Request) -> web.StreamResponse:
             f"no state for group {group_id!r}, topic {spelled}, partition {partition}",
             fmt,
         )
-    return _respond(codec.encode_admin_state(replace(state, topic_id=spelled), fmt), fmt)
+    return _respond(
+        codec.encode_admin_state(msgspec.structs.replace(state, topic_id=spelled), fmt), fmt
+    )
 
 
 _DECIMAL = re.compile(r"-?[0-9]+")
@@ -424,7 +433,7 @@ async def handle_register_topic(request: web.Request) -> web.StreamResponse:
     except BodyError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), out)
     await request.app[COORDINATOR].require_service().register_topic(topic_id, partition_count)
-    return _respond(codec.encode_object({"error_code": 0}, out), out)
+    return _respond(codec.encode(Acknowledged(0), out), out)
 
 
 async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
@@ -438,21 +447,19 @@ async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
         deleted = await service.delete_topic(topic_id)
     except ServiceError as exc:
         return _service_error(exc, fmt)
-    return _respond(
-        codec.encode_object({"error_code": 0, "deleted_share_partitions": deleted}, fmt), fmt
-    )
+    return _respond(codec.encode(TopicDeleted(0, deleted), fmt), fmt)
 
 
 async def handle_commit_compaction(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
     committed, stale = await request.app[COORDINATOR].require_service().commit_compaction()
-    return _respond(codec.encode_object({"committed": committed, "stale": stale}, fmt), fmt)
+    return _respond(codec.encode(CompactionCommitted(committed, stale), fmt), fmt)
 
 
 async def handle_partitions(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
     service = request.app[COORDINATOR].require_service()
-    return _respond(codec.encode_object({"partitions": service.partition_statuses()}, fmt), fmt)
+    return _respond(codec.encode(PartitionStatuses(service.partition_statuses()), fmt), fmt)
 
 
 async def handle_healthz(request: web.Request) -> web.StreamResponse:
@@ -632,7 +639,7 @@ def create_app(
     app = web.Application(
         client_max_size=config.max_body_bytes,
         middlewares=[errors_middleware, auth_middleware],
-        # Bodies come uncompressed (API.md); a Content-Encoding is refused (415), and
+        # Bodies come uncompressed (docs/api.md); a Content-Encoding is refused (415), and
         # aiohttp must not try to decompress what nobody reads (it logs the failure of
         # an unread body it lingers over as an unhandled exception, with a trace).
         handler_args={"auto_decompress": False},

@@ -9,7 +9,7 @@ The hot path is ``inc()`` and ``observe()``: one attribute update, and for a his
 Callers on the hot path keep the child (``ok = requests.labels(rpc="write",
 outcome="ok")``) rather than looking it up per call.
 
-``ShareCoordinatorMetrics`` declares what the daemon exports (SPEC §13 and more).
+``ShareCoordinatorMetrics`` declares what the daemon exports (docs/semantics.md §13 and more).
 """
 
 from __future__ import annotations

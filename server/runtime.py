@@ -21,20 +21,26 @@ import enum
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 from persistence import LogRecord, PartitionLog
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
-from protocol.records import RecordDecodeError, RecordDecoder, encode_key, encode_value, record_type
-from server.metrics import ShareCoordinatorMetrics
-from server.shard import (
-    Op,
-    ReadOp,
-    Response,
-    ShardConfig,
-    ShareCoordinatorShard,
-    TopicMetadata,
-    WriteOp,
+from protocol.messages import AnyPartitionResult, Rpc
+from protocol.records import (
+    SNAPSHOT_RECORD_TYPE,
+    UPDATE_RECORD_TYPE,
+    Record,
+    RecordDecodeError,
+    RecordDecoder,
+    ShareKey,
+    ShareSnapshot,
+    ShareUpdate,
+    encode_key,
+    encode_update_value,
+    encode_value,
 )
+from protocol.shard import ShardConfig, ShareCoordinatorShard, TopicMetadata
+from server.metrics import ShareCoordinatorMetrics
 
 _log = logging.getLogger("sharecoord.runtime")
 
@@ -163,31 +169,52 @@ class PartitionRuntime:
 
     # --- operations -------------------------------------------------------------------
 
-    def execute(self, op: Op) -> Response:
-        """Run ``op``: handle, append, replay. Only while ACTIVE (the service checks).
+    def execute(self, rpc: Rpc, key: ShareKey, entry: Any) -> AnyPartitionResult:
+        """Run one decoded request entry: the shard's rule, then append and replay the
+        record it asks for. Only while ACTIVE (the service checks).
 
-        The response may reveal state that is not durable yet: answer it only after
-        ``wait_visible`` (or the group commit) covered ``self.log.log_end_offset - 1``.
+        The result may reveal state that is not durable yet: answer it only once the
+        group commit covered ``pending_offset()`` as it is after this call.
         """
-        shard = self.shard
-        records, response = shard.handle(op)
-        kind = type(op)
-        if kind is WriteOp or (kind is ReadOp and records):
+        record, result = _OPERATIONS[rpc](self.shard, key, entry)
+        if rpc is Rpc.WRITE:
             # Kafka's write-total: every write a shard handles, and leader-epoch reads.
             self.shard_writes += 1
-        if records:
-            log = self.log
-            now = self._now_ms()
-            size = 0
-            for record in records:
-                key = encode_key(record.key)
-                value = encode_value(record)
-                offset = log.append(record_type(record), key, value, now)
-                shard.replay(offset, record)
-                size += FRAME_OVERHEAD + len(key) + (len(value) if value is not None else 0)
-            self.records_appended += len(records)
-            self.bytes_appended += size
-        return response
+            if record is not None:
+                self._append(record)
+        elif record is not None:
+            if rpc is Rpc.READ:
+                self.shard_writes += 1
+            self._append(record)
+        return result
+
+    def run_job(self, job: Callable[[ShareCoordinatorShard], list[Record]]) -> int:
+        """Run a maintenance job (topic deletion, retention, cold snapshots) over the
+        shard and append what it asks for; returns how many records that was."""
+        records = job(self.shard)
+        for record in records:
+            self._append(record)
+        return len(records)
+
+    def _append(self, record: Record) -> None:
+        """Frame one record into the log's buffer and replay it. The key's bytes come
+        from its state when it has one (every write after the first)."""
+        shard = self.shard
+        key = record.key
+        state = shard.key_state(key)
+        key_bytes = state.key_bytes if state is not None else None
+        if key_bytes is None:
+            key_bytes = encode_key(key)
+        value: bytes | None
+        if isinstance(record, ShareUpdate):
+            value, record_type = encode_update_value(record), UPDATE_RECORD_TYPE
+        else:
+            value = encode_value(record) if isinstance(record, ShareSnapshot) else None
+            record_type = SNAPSHOT_RECORD_TYPE
+        offset = self.log.append(record_type, key_bytes, value, self._now_ms())
+        shard.replay(offset, record, key_bytes)
+        self.records_appended += 1
+        self.bytes_appended += FRAME_OVERHEAD + len(key_bytes) + (len(value) if value else 0)
 
     def pending_offset(self) -> int | None:
         """The offset an answer given now must wait for, or None if all is durable."""
@@ -273,9 +300,20 @@ def _replayer(shard: ShareCoordinatorShard, partition: int) -> Callable[[LogReco
                 f"state partition {partition}, offset {frame.offset}: {exc}; "
                 "run `sharecoord log verify` and `sharecoord log dump` on the data directory"
             ) from exc
-        replay(frame.offset, record)
+        replay(frame.offset, record, frame.key)
 
     return replay_frame
+
+
+_OPERATIONS: dict[
+    Rpc, Callable[[ShareCoordinatorShard, ShareKey, Any], tuple[Record | None, AnyPartitionResult]]
+] = {
+    Rpc.INITIALIZE: ShareCoordinatorShard.initialize,
+    Rpc.READ: ShareCoordinatorShard.read,
+    Rpc.WRITE: ShareCoordinatorShard.write,
+    Rpc.DELETE: ShareCoordinatorShard.delete,
+    Rpc.READ_SUMMARY: ShareCoordinatorShard.read_summary,
+}
 
 
 def _describe_failure(exc: BaseException) -> str:

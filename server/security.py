@@ -1,4 +1,4 @@
-"""Bearer tokens and TLS contexts (API.md, "Security").
+"""Bearer tokens and TLS contexts (docs/api.md#security).
 
 * ``--auth-token-file``: every ``/v1/`` request carries ``Authorization: Bearer <token>``;
   ``check_bearer`` compares it in constant time.

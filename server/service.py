@@ -25,6 +25,7 @@ from protocol.messages import (
     AnyPartitionResult,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
+    PartitionStatus,
     Rpc,
     ShareGroupStateRequest,
     ShareGroupStateResponse,
@@ -32,21 +33,11 @@ from protocol.messages import (
     error_result,
 )
 from protocol.records import ShareKey
-from protocol.routing import partition_for
+from protocol.routing import partition_for, partition_for_prefix, prefix_hash
+from protocol.shard import ShareCoordinatorShard
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, find_coordinator
 from server.runtime import PartitionRuntime, Status
-from server.shard import (
-    ColdSnapshotOp,
-    DeleteOp,
-    DeleteTopicsOp,
-    ExpireGroupsOp,
-    InitializeOp,
-    Op,
-    ReadOp,
-    ReadSummaryOp,
-    WriteOp,
-)
 
 _log = logging.getLogger("sharecoord.service")
 
@@ -66,25 +57,6 @@ class JobIntervals:
     cold_snapshot_ms: int
     compaction_commit_ms: int
     state_retention_ms: int  # -1: never
-
-
-def _op_for(rpc: Rpc, key: ShareKey, entry: Any) -> Op:
-    if rpc is Rpc.WRITE:
-        return WriteOp(
-            key,
-            entry.state_epoch,
-            entry.leader_epoch,
-            entry.start_offset,
-            entry.state_batches,
-            entry.delivery_complete_count,
-        )
-    if rpc is Rpc.READ:
-        return ReadOp(key, entry.leader_epoch)
-    if rpc is Rpc.INITIALIZE:
-        return InitializeOp(key, entry.state_epoch, entry.start_offset)
-    if rpc is Rpc.DELETE:
-        return DeleteOp(key)
-    return ReadSummaryOp(key)
 
 
 class CoordinatorService:
@@ -114,7 +86,7 @@ class CoordinatorService:
         self._on_pruned = on_pruned
         self._monotonic = monotonic
         self._started_at = monotonic()
-        # State retention (SPEC §A): when each group was last touched by an RPC here.
+        # State retention (docs/semantics.md §A): when each group was last touched by an RPC here.
         # Kept only when retention is on, and pruned of groups without state (see
         # expire_groups_once), so RPCs naming ever new groups cannot grow it for good.
         self._track_touches = intervals.state_retention_ms > 0
@@ -124,8 +96,11 @@ class CoordinatorService:
 
     # --- the five RPCs ----------------------------------------------------------------
 
-    async def handle(self, request: ShareGroupStateRequest[Any]) -> ShareGroupStateResponse[Any]:
-        rpc = request.rpc
+    async def handle(
+        self, rpc: Rpc, request: ShareGroupStateRequest[Any]
+    ) -> ShareGroupStateResponse[Any]:
+        """Run every entry of a decoded request (``protocol.codec.prepare_request`` has
+        been over it) and answer once what the answer shows is durable."""
         group_id = request.group_id
         num_partitions = self.num_partitions
         runtimes = self.runtimes
@@ -134,46 +109,54 @@ class CoordinatorService:
         # offset it must see durable (None: it saw only durable state), so a failed
         # commit turns exactly the entries it did not make durable into 15.
         placed: dict[int, list[tuple[list[AnyPartitionResult], int, int | None]]] = {}
+        failures: dict[int, int] = {}  # error code -> entries (successes are counted last)
+        entries = 0
         touched_here = False
         for topic in request.topics:
             out: list[AnyPartitionResult] = []
             results.append(TopicResult(topic.topic_id, out))
             key_topic_id = topic.key_topic_id
+            prefix = prefix_hash(group_id, key_topic_id)
             for entry in topic.partitions:
+                entries += 1
                 partition = entry.partition
                 if entry.invalid is not None:
                     out.append(error_result(rpc, partition, errors.INVALID_REQUEST, entry.invalid))
+                    failures[errors.INVALID_REQUEST] = failures.get(errors.INVALID_REQUEST, 0) + 1
                     continue
-                state_partition = partition_for(group_id, key_topic_id, partition, num_partitions)
+                state_partition = partition_for_prefix(prefix, partition, num_partitions)
                 runtime = runtimes.get(state_partition)
                 if runtime is None:
-                    out.append(_unavailable(rpc, partition, errors.NOT_COORDINATOR))
-                    continue
-                touched_here = True
-                if runtime.status is not Status.ACTIVE:
+                    code = errors.NOT_COORDINATOR
+                elif runtime.status is not Status.ACTIVE:
+                    touched_here = True
                     code = (
                         errors.COORDINATOR_LOAD_IN_PROGRESS
                         if runtime.status is Status.LOADING
                         else errors.COORDINATOR_NOT_AVAILABLE
                     )
-                    out.append(_unavailable(rpc, partition, code))
-                    continue
-                key = ShareKey(group_id, key_topic_id, partition)
-                try:
-                    result = runtime.execute(_op_for(rpc, key, entry))
-                except PartitionFailedError:
-                    # Its last commit failed a moment ago and the runtime has not heard
-                    # yet (it will, and reload): unavailable, and no bug.
-                    out.append(_unavailable(rpc, partition, errors.COORDINATOR_NOT_AVAILABLE))
-                    continue
-                except Exception:
-                    _log.exception("state partition %d: operation failed", state_partition)
-                    out.append(_unavailable(rpc, partition, errors.COORDINATOR_NOT_AVAILABLE))
-                    continue
-                placed.setdefault(state_partition, []).append(
-                    (out, len(out), runtime.pending_offset())
-                )
-                out.append(result)  # type: ignore[arg-type]
+                else:
+                    touched_here = True
+                    key = ShareKey(group_id, key_topic_id, partition)
+                    try:
+                        result = runtime.execute(rpc, key, entry)
+                    except PartitionFailedError:
+                        # Its last commit failed a moment ago and the runtime has not
+                        # heard yet (it will, and reload): unavailable, and no bug.
+                        code = errors.COORDINATOR_NOT_AVAILABLE
+                    except Exception:
+                        _log.exception("state partition %d: operation failed", state_partition)
+                        code = errors.COORDINATOR_NOT_AVAILABLE
+                    else:
+                        placed.setdefault(state_partition, []).append(
+                            (out, len(out), runtime.pending_offset())
+                        )
+                        out.append(result)
+                        if result.error_code:
+                            failures[result.error_code] = failures.get(result.error_code, 0) + 1
+                        continue
+                out.append(_unavailable(rpc, partition, code))
+                failures[code] = failures.get(code, 0) + 1
         if touched_here and self._track_touches:
             self._group_touched[group_id] = self._monotonic()
         if placed:
@@ -181,16 +164,21 @@ class CoordinatorService:
             for state_partition, durable_end in short.items():
                 for out, index, offset in placed[state_partition]:
                     if offset is not None and offset >= durable_end:
+                        code = out[index].error_code
+                        if code:
+                            failures[code] -= 1
                         out[index] = _unavailable(
                             rpc, out[index].partition, errors.COORDINATOR_NOT_AVAILABLE
                         )
+                        failures[errors.COORDINATOR_NOT_AVAILABLE] = (
+                            failures.get(errors.COORDINATOR_NOT_AVAILABLE, 0) + 1
+                        )
         if self._on_entry_results is not None:
-            codes: dict[int, int] = {}
-            for topic_result in results:
-                for r in topic_result.partitions:
-                    codes[r.error_code] = codes.get(r.error_code, 0) + 1
-            self._on_entry_results(rpc, codes)
-        return ShareGroupStateResponse(rpc, results)
+            failed = sum(failures.values())
+            if entries > failed:
+                failures[errors.NONE] = entries - failed
+            self._on_entry_results(rpc, failures)
+        return ShareGroupStateResponse(results)
 
     async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:
         """Wait until each partition's log is durable up to what was observed; return
@@ -254,7 +242,8 @@ class CoordinatorService:
         return runtime
 
     async def admin_state(self, key: ShareKey) -> AdminState | None:
-        """The stored state of one key, no fencing, no side effect (SPEC §A.1 point 10).
+        """The stored state of one key, no fencing, no side effect
+        (docs/semantics.md §A.1 point 10).
         Like every read, it waits until what it shows is durable."""
         runtime = self._runtime_for_key(key)
         state = runtime.shard.admin_state(key)
@@ -281,11 +270,11 @@ class CoordinatorService:
         for runtime in self.runtimes.values():
             _require_active(runtime)
         deleted = 0
-        op = DeleteTopicsOp(frozenset({topic_id}))
+        topic_ids = frozenset({topic_id})
         failed = []
         for state_partition, runtime in self.runtimes.items():
             try:
-                deleted += runtime.execute(op)  # type: ignore[operator]
+                deleted += runtime.run_job(lambda shard: shard.delete_topics(topic_ids))
             except PartitionFailedError:
                 failed.append(state_partition)
         failed += await self._wait_durable(list(self.runtimes))
@@ -300,7 +289,7 @@ class CoordinatorService:
 
     async def commit_compaction(self) -> tuple[list[str], list[str]]:
         """Commit every staged compaction output of the partitions this node serves
-        (DESIGN.md's handshake); returns (committed, stale) as "partition/base"."""
+        (docs/design.md's handshake); returns (committed, stale) as "partition/base"."""
         committed: list[str] = []
         stale: list[str] = []
         for state_partition, runtime in sorted(self.runtimes.items()):
@@ -325,22 +314,22 @@ class CoordinatorService:
                 _log.info("state partition %d: compaction at %d %s", state_partition, base, outcome)
         return committed, stale
 
-    def partition_statuses(self) -> list[dict[str, Any]]:
+    def partition_statuses(self) -> list[PartitionStatus]:
         out = []
         for state_partition, runtime in sorted(self.runtimes.items()):
             log = runtime.log
             loaded = runtime.status is not Status.LOADING
             out.append(
-                {
-                    "partition": state_partition,
-                    "status": runtime.status.value,
-                    "log_start_offset": log.log_start_offset if loaded else None,
-                    "log_end_offset": log.log_end_offset if loaded else None,
-                    "segments": len(log.segments) if loaded else None,
-                    "bytes": log.size_bytes if loaded else None,
-                    "keys": len(runtime.shard),
-                    "error": runtime.error,
-                }
+                PartitionStatus(
+                    state_partition,
+                    runtime.status.value,
+                    log.log_start_offset if loaded else None,
+                    log.log_end_offset if loaded else None,
+                    len(log.segments) if loaded else None,
+                    log.size_bytes if loaded else None,
+                    len(runtime.shard),
+                    runtime.error,
+                )
             )
         return out
 
@@ -377,7 +366,7 @@ class CoordinatorService:
                 except asyncio.CancelledError:
                     raise
                 except OSError as exc:
-                    # The disk, not the code: a line, not a trace (API.md keeps those
+                    # The disk, not the code: a line, not a trace (docs/api.md keeps those
                     # for bugs).
                     _log.warning(
                         "periodic job %s failed: %s; it runs again in %d ms", name, exc, interval_ms
@@ -399,7 +388,7 @@ class CoordinatorService:
 
     async def prune_once(self) -> None:
         """Delete whole sealed segments below each partition's last redundant offset
-        (SPEC §9, §A). Only a durable mark counts: the snapshots that make the older
+        (docs/semantics.md §9, §A). Only a durable mark counts: the snapshots that make the older
         records redundant must survive a crash first."""
         for state_partition, runtime in sorted(self.runtimes.items()):
             if runtime.status is not Status.ACTIVE:
@@ -434,17 +423,18 @@ class CoordinatorService:
                 )
 
     async def cold_snapshots_once(self) -> int:
-        """SPEC §10 on every active partition; returns how many snapshots were written."""
+        """docs/semantics.md §10 on every active partition; returns how many snapshots
+        were written."""
         written = 0
         touched = []
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
                 try:
-                    count = runtime.execute(ColdSnapshotOp())
+                    count = runtime.run_job(ShareCoordinatorShard.cold_snapshots)
                 except PartitionFailedError:
                     continue  # its commit just failed; the next pass after the reload
                 if count:
-                    written += count  # type: ignore[operator]
+                    written += count
                     touched.append(state_partition)
         failed = await self._wait_durable(touched)
         if failed:
@@ -452,9 +442,9 @@ class CoordinatorService:
         return written
 
     async def expire_groups_once(self) -> int:
-        """State retention (SPEC §A): tombstone every share-partition of a group that no
-        RPC touched here for the retention time. A group's clock starts at its last RPC
-        or at this node's start, so a restart only ever delays expiry."""
+        """State retention (docs/semantics.md §A): tombstone every share-partition of a
+        group that no RPC touched here for the retention time. A group's clock starts at
+        its last RPC or at this node's start, so a restart only ever delays expiry."""
         retention_s = self._intervals.state_retention_ms / 1000
         now = self._monotonic()
         groups: set[str] = set()
@@ -475,17 +465,16 @@ class CoordinatorService:
         )
         if not expired:
             return 0
-        op = ExpireGroupsOp(expired)
         tombstoned = 0
         touched = []
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
                 try:
-                    count = runtime.execute(op)
+                    count = runtime.run_job(lambda shard: shard.expire_groups(expired))
                 except PartitionFailedError:
                     continue  # its commit just failed; a later pass expires the rest
                 if count:
-                    tombstoned += count  # type: ignore[operator]
+                    tombstoned += count
                     touched.append(state_partition)
         for group in expired:
             self._group_touched.pop(group, None)

@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
+import msgspec
+
 from persistence import LogError, LogRecord, partition_dir, read_meta, read_partition, verify
 from protocol.records import (
     Record,
@@ -123,7 +125,7 @@ def record_fields(record: Record) -> dict[str, Any]:
             delivery_complete_count=record.delivery_complete_count,
             fence_leader_epoch=record.fence_leader_epoch,
             fence_state_epoch=record.fence_state_epoch,
-            state_batches=[b._asdict() for b in record.state_batches],
+            state_batches=[msgspec.structs.asdict(b) for b in record.state_batches],
         )
     elif type(record) is ShareUpdate:
         out.update(
@@ -131,7 +133,7 @@ def record_fields(record: Record) -> dict[str, Any]:
             leader_epoch=record.leader_epoch,
             start_offset=record.start_offset,
             delivery_complete_count=record.delivery_complete_count,
-            state_batches=[b._asdict() for b in record.state_batches],
+            state_batches=[msgspec.structs.asdict(b) for b in record.state_batches],
         )
     return out
 
@@ -161,6 +163,7 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     for problem in report.problems:
         out.write(f"DAMAGED {problem}\n")
     damaged = not report.ok
+    damaged_partitions: list[int] = []
     records = 0
     for result in report.partitions:
         replay_problem = None
@@ -172,10 +175,12 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
         suffix = f" ({'; '.join(notes)})" if notes else ""
         if not result.ok:
             damaged = True
+            damaged_partitions.append(result.partition)
             for damage in result.damage:
                 out.write(f"partition {result.partition}: DAMAGED {damage}\n")
         elif replay_problem is not None:
             damaged = True
+            damaged_partitions.append(result.partition)
             out.write(f"partition {result.partition}: DOES NOT REPLAY {replay_problem}\n")
         else:
             span = (
@@ -191,9 +196,13 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     verdict = "DAMAGED" if damaged else "ok"
     out.write(f"{verdict}: {len(report.partitions)} partitions, {records} records in {data_dir}\n")
     if damaged:
+        # One line: what the daemon does, where to look, and where the repair is explained.
+        which = str(damaged_partitions[0]) if len(damaged_partitions) == 1 else "P"
         out.write(
             "The daemon serves every partition that loads and answers 15 for damaged ones; "
-            "see `sharecoord log dump --partition P` for the records around the damage.\n"
+            f"`sharecoord log dump --data-dir {data_dir} --partition {which}` prints the "
+            "records before the damage; docs/operations.md#repairing-a-damaged-partition "
+            "says how to repair it.\n"
         )
     return EXIT_FAILURE if damaged else EXIT_OK
 

@@ -38,7 +38,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -321,8 +321,10 @@ class _Auditor:
 
 
 def _pieces(batches: list[StateBatch]) -> list[Piece]:
-    # A StateBatch already is (first, last, state, count): sort the batches themselves.
-    return cast("list[Piece]", sorted(batches))
+    """The batches as ``(first, last, state, count)`` tuples, sorted."""
+    return sorted(
+        (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in batches
+    )
 
 
 def _over_limit(state: ShareGroupOffset | None, limit: int) -> list[Piece]:

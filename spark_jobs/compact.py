@@ -1,5 +1,5 @@
 """Compaction: fold each state partition's sealed segments into one segment holding one
-ShareSnapshot per live key, staged for the crash-safe swap (DESIGN.md, "Compaction").
+ShareSnapshot per live key, staged for the crash-safe swap (docs/design.md#compaction-and-its-swap).
 
 Run it with `sharecoord compact --data-dir DIR [--master URL]`, or by hand from the
 repository root, with a Python that has the project's dependencies as PYSPARK_PYTHON

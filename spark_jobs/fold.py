@@ -1,7 +1,7 @@
 """Folding a state partition's records into one ShareSnapshot per live key: the core of
 compaction, pure (records in, records out).
 
-The result replays to exactly the state the input replays to (SPEC §A.1 point 12: the
+The result replays to exactly the state the input replays to (docs/semantics.md §A.1 point 12: the
 same admin state for every key, fencing maxima included; the snapshot-update counter
 restarts). The fold does not restate the replay rules: each key's state comes from
 ``protocol.replay.ShareStateMap``, the daemon's own replay.
@@ -9,7 +9,7 @@ restarts). The fold does not restate the replay rules: each key's state comes fr
 Two phases per key, in one pass over the records in offset order:
 
 1. Light: a snapshot replaces a key's whole state, so the records of a key before its
-   last snapshot matter only for the fencing maxima (SPEC §2, §4: leaderEpochMap is the
+   last snapshot matter only for the fencing maxima (docs/semantics.md §2, §4: leaderEpochMap is the
    highest leader epoch of any record, stateEpochMap the highest state epoch of any
    snapshot, both raised by the fence fields of §A). They are decoded just enough to
    take those maxima, with the replay's own rules — and checked as the record decoder
@@ -20,7 +20,7 @@ Two phases per key, in one pass over the records in offset order:
    timestamp of the key's last record, with ``fence_leader_epoch`` /
    ``fence_state_epoch`` the resulting fences (the maxima over the whole history).
 
-Only the snapshot-update counter differs from a whole replay, as SPEC §A.1 point 12
+Only the snapshot-update counter differs from a whole replay, as docs/semantics.md §A.1 point 12
 allows: the light phase does not count updates.
 
 Per key, by what its history ends with:
@@ -33,7 +33,7 @@ Per key, by what its history ends with:
                            alone has no state epoch fence (None), which no snapshot can
                            say; only a hand-made log holds such a key
 
-A tombstone clears everything a key had (SPEC §4), so nothing before one matters.
+A tombstone clears everything a key had (docs/semantics.md §4), so nothing before one matters.
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgpack
-
 from persistence.frame import encode_frame
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
@@ -51,29 +49,29 @@ from protocol.records import (
     RecordDecodeError,
     RecordDecoder,
     ShareSnapshot,
+    decode_snapshot_value,
+    decode_update_value,
     encode_value,
 )
-from protocol.replay import KeyState, ShareGroupOffset, ShareStateMap
 
-# The replay's own rules for the fence fields: the light phase must take the maxima
-# exactly as ShareStateMap does, None fences and all.
-from protocol.replay import _max_epoch as max_epoch
-from protocol.replay import _max_optional_epoch as max_optional_epoch
+# max_epoch and max_optional_epoch are the replay's own rules for the fence fields: the
+# light phase must take the maxima exactly as ShareStateMap does, None fences and all.
+from protocol.replay import (
+    KeyState,
+    ShareGroupOffset,
+    ShareStateMap,
+    max_epoch,
+    max_optional_epoch,
+)
 from spark_jobs.sealed import RawRecord
 
-# The replay's snapshot-update counter is bookkeeping the fold does not keep (SPEC §A.1
+# The replay's snapshot-update counter is bookkeeping the fold does not keep (docs/semantics.md §A.1
 # point 12); any valid limit gives the same states.
 _RECORDS_PER_SNAPSHOT = 500
 
 # Stands in for a key's state before its tail replays: the tail starts with a snapshot,
 # which replaces it.
 _PLACEHOLDER = ShareGroupOffset(0, 0, 0, -1, 0, 0, [])
-
-# Value fields by position (protocol/records.py).
-_SNAPSHOT_FIELDS = 10
-_STATE_EPOCH, _LEADER_EPOCH, _SNAPSHOT_BATCHES, _FENCE_LEADER, _FENCE_STATE = 1, 2, 6, 8, 9
-_UPDATE_FIELDS = 5
-_UPDATE_LEADER_EPOCH, _UPDATE_BATCHES = 1, 3
 
 
 @dataclass
@@ -123,7 +121,8 @@ def fold_records(records: Iterable[RawRecord], *, tombstone_cutoff_ms: int) -> F
 
 def _retire_tail(history: _KeyHistory) -> None:
     """Phase 1: replay the tail's effect on the fences, and nothing else. The rules are
-    ShareStateMap's (SPEC §4, §A), restated with its own helpers for the fence fields."""
+    ShareStateMap's (docs/semantics.md §4, §A), restated with its own helpers for the fence
+    fields."""
     present, leader, state = history.present, history.leader_fence, history.state_fence
     for record in history.tail:
         record_type, value = record[2], record[4]
@@ -131,9 +130,10 @@ def _retire_tail(history: _KeyHistory) -> None:
             if value is None:  # a tombstone clears the key
                 present, leader, state = False, None, None
                 continue
-            fields = _fields(value, _SNAPSHOT_FIELDS, _SNAPSHOT_BATCHES)
-            leader_epoch, fence_leader = fields[_LEADER_EPOCH], fields[_FENCE_LEADER]
-            state_epoch, fence_state = fields[_STATE_EPOCH], fields[_FENCE_STATE]
+            snapshot = decode_snapshot_value(value)
+            _check_batches(snapshot.state_batches)
+            leader_epoch, fence_leader = snapshot.leader_epoch, snapshot.fence_leader_epoch
+            state_epoch, fence_state = snapshot.state_epoch, snapshot.fence_state_epoch
             if present:
                 leader = max_optional_epoch(leader, leader_epoch, fence_leader)
                 state = max_optional_epoch(state, state_epoch, fence_state)
@@ -144,7 +144,9 @@ def _retire_tail(history: _KeyHistory) -> None:
         elif record_type == UPDATE_RECORD_TYPE:
             if value is None:
                 raise RecordDecodeError("a ShareUpdate record has a null value")
-            leader_epoch = _fields(value, _UPDATE_FIELDS, _UPDATE_BATCHES)[_UPDATE_LEADER_EPOCH]
+            update = decode_update_value(value)
+            _check_batches(update.state_batches)
+            leader_epoch = update.leader_epoch
             if present:
                 leader = max(leader, leader_epoch)
             else:
@@ -154,17 +156,10 @@ def _retire_tail(history: _KeyHistory) -> None:
     history.present, history.leader_fence, history.state_fence = present, leader, state
 
 
-def _fields(value: bytes, count: int, batches_at: int) -> Any:
-    """The value's fields, checked as RecordDecoder checks them."""
-    try:
-        fields = msgpack.unpackb(value)
-        fields[count - 1]  # the decoder reads every field up to this one
-    except (ValueError, TypeError, IndexError, KeyError, msgpack.UnpackException) as exc:
-        raise RecordDecodeError(f"undecodable record value: {exc}") from exc
-    flat = fields[batches_at]
-    if type(flat) is not list or len(flat) % 4:
+def _check_batches(flat: list[int]) -> None:
+    """What decoding the record in full would also refuse (``unflatten``)."""
+    if len(flat) % 4:
         raise RecordDecodeError("state_batches is not a flat array of 4-tuples")
-    return fields
 
 
 def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -> FoldResult:
@@ -179,7 +174,7 @@ def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -
         head = tail[0]
         if history.present:
             # The tail replays onto the key as the records before it left it: its
-            # fences (a snapshot replaces the rest, SPEC §4).
+            # fences (a snapshot replaces the rest, docs/semantics.md §4).
             state_map.keys[share_key] = KeyState(
                 _PLACEHOLDER, history.leader_fence, history.state_fence
             )

@@ -1,4 +1,4 @@
-"""DESIGN.md's layering: imports point downwards only.
+"""docs/design.md#the-layers: imports point downwards only.
 
 server -> persistence -> protocol; client -> protocol; spark_jobs -> persistence,
 protocol. Nothing in protocol touches another layer; the server's CLI may start the

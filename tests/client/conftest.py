@@ -16,7 +16,7 @@ from client import ShareCoordinatorClient
 from protocol.topic_id import topic_id_to_rfc4122
 from tests.client.daemons import Daemon, metric
 
-# Two spellings of one Kafka topic id (SPEC §1.2): 22-char base64url and RFC 4122.
+# Two spellings of one Kafka topic id (docs/semantics.md §1.2): 22-char base64url and RFC 4122.
 TOPIC = "WwwvDo06T2ueIXxNGis8TQ"
 TOPIC_RFC4122 = topic_id_to_rfc4122(TOPIC)
 OTHER_TOPIC = "AAAAAAAAAAAAAAAAAAAAAQ"

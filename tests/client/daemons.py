@@ -152,7 +152,7 @@ class Daemon:
 
 
 def cluster_file(path: Path, ports: Sequence[int], ranges: Sequence[str], partitions: int) -> Path:
-    """A cluster file (API.md): node i at 127.0.0.1:ports[i] owning ranges[i]."""
+    """A cluster file (docs/api.md): node i at 127.0.0.1:ports[i] owning ranges[i]."""
     text = f"num_partitions = {partitions}\n"
     for node_id, (port, owned) in enumerate(zip(ports, ranges, strict=True)):
         text += (

@@ -71,7 +71,7 @@ def test_a_retry_policy_that_makes_no_sense_is_refused(kwargs, problem):
 
 
 def test_the_retriable_codes_are_the_persisters():
-    assert frozenset({3, 14, 15, 16}) == RETRIABLE_CODES  # SPEC §12
+    assert frozenset({3, 14, 15, 16}) == RETRIABLE_CODES  # docs/semantics.md §12
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ def pending(topic_id: str, partition: int) -> Pending:
 
 async def test_a_request_groups_by_topic_in_first_seen_order_and_keeps_duplicates():
     chunk = [pending(A, 0), pending(B, 5), pending(A, 1), pending(A, 0), pending(B, 5)]
-    request, positions = build_request(Rpc.READ, "g", chunk)
+    request, positions = build_request("g", chunk)
     assert [t.topic_id for t in request.topics] == [A, B]
     assert [[p.partition for p in t.partitions] for t in request.topics] == [[0, 1, 0], [5, 5]]
     assert positions == [(0, 0), (1, 0), (0, 1), (0, 2), (1, 1)]
@@ -42,36 +42,48 @@ async def test_a_request_groups_by_topic_in_first_seen_order_and_keeps_duplicate
 
 async def test_results_go_back_to_their_entries_by_position():
     chunk = [pending(A, 0), pending(B, 5), pending(A, 0)]
-    request, positions = build_request(Rpc.READ, "g", chunk)
+    request, positions = build_request("g", chunk)
     response = ShareGroupStateResponse(
-        Rpc.READ,
         [
-            TopicResult(A, [ReadPartitionResult(0, start_offset=1), ReadPartitionResult(0, 74)]),
-            TopicResult(B, [ReadPartitionResult(5, start_offset=3)]),
+            TopicResult(
+                A,
+                [
+                    ReadPartitionResult(0, 0, None, 0, 1, []),
+                    ReadPartitionResult(0, 74, None, 0, 0, []),
+                ],
+            ),
+            TopicResult(B, [ReadPartitionResult(5, 0, None, 0, 3, [])]),
         ],
     )
     outcomes = demultiplex(request, response, positions, "http://n")
     assert outcomes == [
-        ReadPartitionResult(0, start_offset=1),
-        ReadPartitionResult(5, start_offset=3),
-        ReadPartitionResult(0, 74),
+        ReadPartitionResult(0, 0, None, 0, 1, []),
+        ReadPartitionResult(5, 0, None, 0, 3, []),
+        ReadPartitionResult(0, 74, None, 0, 0, []),
     ]
 
 
 @pytest.mark.parametrize(
     "results",
     [
-        [TopicResult(A, [ReadPartitionResult(0)])],  # a topic missing
-        [TopicResult(A, [ReadPartitionResult(0)]), TopicResult(B, [])],  # an entry missing
-        [TopicResult(B, [ReadPartitionResult(0)]), TopicResult(A, [ReadPartitionResult(5)])],
-        [TopicResult(A, [ReadPartitionResult(1)]), TopicResult(B, [ReadPartitionResult(5)])],
+        [TopicResult(A, [ReadPartitionResult(0, 0, None, 0, 0, [])])],  # a topic missing
+        [
+            TopicResult(A, [ReadPartitionResult(0, 0, None, 0, 0, [])]),
+            TopicResult(B, []),
+        ],  # an entry missing
+        [
+            TopicResult(B, [ReadPartitionResult(0, 0, None, 0, 0, [])]),
+            TopicResult(A, [ReadPartitionResult(5, 0, None, 0, 0, [])]),
+        ],
+        [
+            TopicResult(A, [ReadPartitionResult(1, 0, None, 0, 0, [])]),
+            TopicResult(B, [ReadPartitionResult(5, 0, None, 0, 0, [])]),
+        ],
     ],
 )
 async def test_an_answer_that_does_not_mirror_the_request_fails_every_entry(results):
-    request, positions = build_request(Rpc.READ, "g", [pending(A, 0), pending(B, 5)])
-    outcomes = demultiplex(
-        request, ShareGroupStateResponse(Rpc.READ, results), positions, "http://n"
-    )
+    request, positions = build_request("g", [pending(A, 0), pending(B, 5)])
+    outcomes = demultiplex(request, ShareGroupStateResponse(results), positions, "http://n")
     assert len(outcomes) == 2
     assert all(isinstance(o, Failure) and o.code == -1 and not o.retriable for o in outcomes)
 
@@ -117,7 +129,11 @@ def test_bad_bootstrap_addresses_are_refused(bootstrap, problem):
     ("rpc", "entry", "problem"),
     [
         (Rpc.READ, InitializePartition(0, 0, 0), "must be a ReadPartition"),
-        (Rpc.READ, ReadPartition(2**31, 0), "partition: 2147483648 is outside the int32"),
+        (
+            Rpc.READ,
+            ReadPartition(2**31, 0),
+            "partition: expected an integer in int32 range, got 2147483648",
+        ),
         (Rpc.INITIALIZE, InitializePartition(0, 0, 2**63), "start_offset: .* int64"),
         (Rpc.WRITE, WritePartition(0, 0, 0, 0, [], 1.5), "delivery_complete_count"),  # type: ignore[arg-type]
         (Rpc.WRITE, WritePartition(0, 0, 0, 0, [StateBatch(0, 1, 2, 2**15)]), "int16"),

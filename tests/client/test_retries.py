@@ -1,6 +1,6 @@
 """Retries against real failures: a daemon SIGKILLed and restarted mid-call, a daemon
 still loading (14), a failed fsync (15); deadlines; and errors that must not be retried
-(SPEC §12: the persister retries 3, 14, 15 and 16)."""
+(docs/semantics.md §12: the persister retries 3, 14, 15 and 16)."""
 
 from __future__ import annotations
 

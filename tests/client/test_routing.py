@@ -1,4 +1,4 @@
-"""Routing across a cluster of two real daemons (API.md: the cluster file,
+"""Routing across a cluster of two real daemons (docs/api.md#the-cluster-file,
 find-coordinator): the client, given one node, sends each key to the owner of its state
 partition, caches owners, and recovers when an owner it cached is no longer one."""
 
@@ -159,7 +159,7 @@ async def test_catalog_calls_fan_out_to_every_node(own_cluster, clients, group):
 async def test_a_registration_arriving_late_lets_a_retrying_call_through(
     own_cluster, clients, group
 ):
-    """3 is retriable (SPEC §12) because metadata can lag: the call waits for it."""
+    """3 is retriable (docs/semantics.md §12) because metadata can lag: the call waits for it."""
     nodes, directory = own_cluster
     nodes += await asyncio.to_thread(start_cluster, directory, HALVES, ["--topic-catalog"])
     tracer, answered = request_ended("/share-group-state/initialize")

@@ -1,5 +1,6 @@
 """Every RPC through the client against a real daemon, in both wire formats; typed errors
-from the per-partition calls, errors as data from the batch calls (API.md, SPEC §5)."""
+from the per-partition calls, errors as data from the batch calls (docs/api.md,
+docs/semantics.md §5)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from client import (
@@ -64,13 +66,13 @@ async def test_every_rpc_round_trips_in_both_formats(shared_daemon, clients, gro
         start_offset=-1,
         state_batches=[StateBatch(0, 4, ACKNOWLEDGED, 1)],
     )
-    # SPEC §14 step 4: the batches merge, the start offset stays.
+    # docs/semantics.md §14 row 4: the batches merge, the start offset stays.
     assert await client.read(group, TOPIC, 0, leader_epoch=3) == ReadResult(
         1, 0, [StateBatch(0, 4, ACKNOWLEDGED, 1), StateBatch(5, 9, ACQUIRED, 1)]
     )
     assert await client.read_summary(group, TOPIC, 0) == ReadSummaryResult(1, 3, 0, 0)
     await client.delete(group, TOPIC, 0)
-    # SPEC §A.1 point 6: a key with no state summarises as -1, 0, 0, -1.
+    # docs/semantics.md §A.1 point 6: a key with no state summarises as -1, 0, 0, -1.
     assert await client.read_summary(group, TOPIC, 0) == ReadSummaryResult(0, 0, -1, -1)
     with pytest.raises(InvalidRequest, match=MSG_READ_UNINITIALIZED):
         await client.read(group, TOPIC, 0, leader_epoch=3)
@@ -92,7 +94,7 @@ async def test_kip932_worked_example_through_the_client(shared_daemon, clients, 
             "error_message": None,
             "state_epoch": state.state_epoch,
             "start_offset": state.start_offset,
-            "state_batches": [b._asdict() for b in state.state_batches],
+            "state_batches": [msgspec.structs.asdict(b) for b in state.state_batches],
         }
 
     for step in EXAMPLE["steps"]:
@@ -206,7 +208,7 @@ async def test_batch_calls_return_errors_as_data_in_entry_order(shared_daemon, c
     )
     assert (reads[0].error_code, reads[0].start_offset) == (0, 10)
     assert reads[0].state_batches == [StateBatch(10, 19, AVAILABLE, 1)]
-    # An error result carries Kafka's schema defaults (API.md).
+    # An error result carries Kafka's schema defaults (docs/api.md).
     assert (reads[1].error_code, reads[1].state_epoch, reads[1].start_offset) == (42, 0, 0)
 
 
@@ -242,8 +244,8 @@ async def test_a_bad_entry_fails_alone_and_never_reaches_the_wire(shared_daemon,
     assert outcomes[0] is None and outcomes[5] is None
     messages = [str(o) for o in outcomes[1:5] if isinstance(o, InvalidRequest)]
     assert len(messages) == 4
-    assert "state_epoch: 2147483648 is outside the int32 range" in messages[0]
-    assert "start_offset: expected an integer, got True" in messages[1]
+    assert "state_epoch: expected an integer in int32 range, got 2147483648" in messages[0]
+    assert "start_offset: expected an integer in int64 range, got a boolean" in messages[1]
     assert "topic_id 'nope'" in messages[2]
     assert "group_id" in messages[3]
     assert await refused_requests(shared_daemon, "initialize") == refused_before
@@ -256,7 +258,7 @@ async def test_both_topic_id_spellings_name_one_share_partition(shared_daemon, c
     assert (await client.read(group, TOPIC_RFC4122, 0, leader_epoch=0)).start_offset == 42
     state = await client.admin_state(group, TOPIC_RFC4122, 0)
     assert state is not None
-    assert state.topic_id == TOPIC_RFC4122  # echoed as spelled (SPEC §A.1 point 17)
+    assert state.topic_id == TOPIC_RFC4122  # echoed as spelled (docs/semantics.md §A.1 point 17)
 
 
 async def test_admin_state_shows_epochs_and_fencing_maxima(shared_daemon, clients, group):
@@ -275,7 +277,8 @@ async def test_admin_state_shows_epochs_and_fencing_maxima(shared_daemon, client
 async def test_find_coordinator_answers_per_key_with_errors_as_data(shared_daemon, clients):
     client = clients(shared_daemon.url)
     good, bad = await client.find_coordinator(["group1:AAAAAAAAAAAAAAAAAAAAAQ:0", "g:x"])
-    assert (good.state_partition, good.node_id, good.error_code) == (20, 0, 0)  # SPEC §1.3
+    # docs/semantics.md §1.3: this key belongs to state partition 20 of 50.
+    assert (good.state_partition, good.node_id, good.error_code) == (20, 0, 0)
     assert (good.host, good.port) == ("127.0.0.1", shared_daemon.port)
     assert bad.error_code == 42
     assert (bad.state_partition, bad.node_id, bad.host, bad.port) == (-1, -1, "", -1)

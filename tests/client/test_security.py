@@ -1,4 +1,4 @@
-"""The client's bearer token and TLS against real daemons (API.md, "Security")."""
+"""The client's bearer token and TLS against real daemons (docs/api.md#security)."""
 
 from __future__ import annotations
 

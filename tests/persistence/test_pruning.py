@@ -1,4 +1,4 @@
-"""Pruning (SPEC §9 adapted, §A): whole sealed segments lying entirely below the mark
+"""Pruning (docs/semantics.md §9 adapted, §A): whole sealed segments lying entirely below the mark
 are deleted, nothing at or above it, never the active segment."""
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""Pruning (SPEC §9, §A) never changes the state a log replays to.
+"""Pruning (docs/semantics.md §9, §A) never changes the state a log replays to.
 
 Random RPC histories run through the shard into a real partition log with small
 segments; the prune mark is the shard's last redundant offset; whole sealed segments
 below it are deleted; replaying what is left gives the same admin state for every key,
-fencing maxima included (SPEC §A.1 point 12).
+fencing maxima included (docs/semantics.md §A.1 point 12).
 """
 
 from __future__ import annotations
@@ -21,15 +21,8 @@ from protocol.records import (
     encode_value,
     record_type,
 )
-from server.shard import (
-    ColdSnapshotOp,
-    DeleteOp,
-    InitializeOp,
-    ReadOp,
-    ShardConfig,
-    ShareCoordinatorShard,
-    WriteOp,
-)
+from protocol.shard import ShardConfig, ShareCoordinatorShard
+from tests.shard.ops import ColdSnapshotOp, DeleteOp, InitializeOp, ReadOp, WriteOp, handle
 
 TOPIC = "AAAAAAAAAAAAAAAAAAAAAQ"
 KEYS = [ShareKey(f"g{g}", TOPIC, p) for g in range(3) for p in range(3)]
@@ -86,7 +79,7 @@ def test_9_state_replayed_after_pruning_equals_the_state_before(tmp_path, seed):
         for step in range(600):
             clock.now += rng.randint(0, 50)
             op = ColdSnapshotOp() if step % 97 == 96 else random_op(rng, leader_epochs)
-            records, _ = shard.handle(op)
+            records, _ = handle(shard, op)
             for record in records:
                 offset = log.append(
                     record_type(record), encode_key(record.key), encode_value(record), clock.now
@@ -127,7 +120,7 @@ def test_9_history_long_enough_to_prune_really_prunes(tmp_path):
         log = state_log.partition(0)
         log.open()
         for key in KEYS:
-            for record in shard.handle(InitializeOp(key, 0, 0))[0]:
+            for record in handle(shard, InitializeOp(key, 0, 0))[0]:
                 shard.replay(
                     log.append(
                         record_type(record), encode_key(record.key), encode_value(record), clock.now
@@ -136,7 +129,7 @@ def test_9_history_long_enough_to_prune_really_prunes(tmp_path):
                 )
         for _ in range(400):
             op = WriteOp(rng.choice(KEYS), 0, 0, -1, [StateBatch(1, 2, 2, 1)], -1)
-            for record in shard.handle(op)[0]:
+            for record in handle(shard, op)[0]:
                 shard.replay(
                     log.append(
                         record_type(record), encode_key(record.key), encode_value(record), clock.now

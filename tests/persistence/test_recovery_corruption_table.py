@@ -157,8 +157,9 @@ def flip_a_bit_mid_older(built: Built) -> Outcome:
 
 
 def flip_a_bit_in_the_last_frame_of_newest(built: Built) -> Outcome:
-    """Indistinguishable from a torn last write: treated as one (DESIGN.md: "incomplete
-    or bad last frames of the newest segment"); the frame is kept in .broken."""
+    """Indistinguishable from a torn last write: treated as one (docs/design.md#recovery:
+    nothing valid follows a bad last frame of the newest segment); the frame is kept in
+    .broken."""
     start, end, _ = frames_in(built.newest)[-1]
     flip_bit(built.newest, (start + end) // 2)
     return Outcome("torn", built.records[:-1], position=start)

@@ -8,6 +8,7 @@ combine_state_batches is optimised, and must give exactly this output, batch for
 
 from __future__ import annotations
 
+import msgspec
 from sortedcontainers import SortedList
 
 from protocol.batches import StateBatch
@@ -25,12 +26,16 @@ def reference_combine(
             if b.last_offset < start_offset:
                 continue
             pruned.append(
-                b if b.first_offset >= start_offset else b._replace(first_offset=start_offset)
+                b
+                if b.first_offset >= start_offset
+                else msgspec.structs.replace(b, first_offset=start_offset)
             )
         batches = pruned
     if len(batches) < 2:
         return batches
-    remaining: SortedList[_Entry] = SortedList({(b[0], b[1], b[3], b[2]) for b in batches})
+    remaining: SortedList[_Entry] = SortedList(
+        {(b.first_offset, b.last_offset, b.delivery_count, b.delivery_state) for b in batches}
+    )
     final: list[_Entry] = []
     while True:
         pair = _first_mergeable_pair(remaining, final)

@@ -1,4 +1,5 @@
-"""combine_state_batches: SPEC §7 step by step, its worked examples, and a per-offset model."""
+"""combine_state_batches: docs/semantics.md §7 step by step, its worked examples, and a
+per-offset model."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from protocol.batches import (
     AVAILABLE,
     StateBatch,
     combine_state_batches,
+    is_clean,
+    merge_batches,
 )
 from tests.protocol.kafka_reference_combiner import reference_combine
 
@@ -323,3 +326,44 @@ def test_7_output_is_exactly_kafkas_walk_batch_for_batch(current, new, start_off
         assert combine_state_batches(base, new, start_offset) == reference_combine(
             base, new, start_offset
         )
+
+
+# --- the clean-state shortcut --------------------------------------------------------------
+
+
+@settings(max_examples=3000, deadline=None)
+@given(
+    writes=st.lists(
+        st.tuples(
+            st.lists(wide_batch, min_size=0, max_size=3),
+            st.one_of(st.just(-1), st.just(-1), st.integers(0, 70)),
+        ),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_7_a_state_kept_with_its_clean_flag_merges_exactly_as_kafkas_walk(writes):
+    """The daemon keeps each state's batches with merge_batches' clean flag and lets a
+    clean state skip the parts of the walk that cannot change; write after write, the
+    batches must still be exactly the literal walk's, and the flag must be true."""
+    state: list[StateBatch] = []
+    clean = True
+    expected: list[StateBatch] = []
+    for new, start_offset in writes:
+        state, clean = merge_batches(state, clean, new, start_offset)
+        expected = reference_combine(expected, new, start_offset)
+        assert state == expected
+        assert clean == is_clean(state)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(batches=st.lists(wide_batch, max_size=10))
+def test_is_clean_means_no_pair_would_merge_and_every_batch_is_valid(batches):
+    tidy = all(b.first_offset <= b.last_offset for b in batches) and all(
+        left.last_offset < right.first_offset
+        and not (
+            left.last_offset + 1 == right.first_offset and _priority(left) == _priority(right)
+        )
+        for left, right in pairwise(batches)
+    )
+    assert is_clean(batches) == tidy

@@ -1,4 +1,5 @@
-"""protocol.codec: request and response bodies (API.md, SPEC §A.1), one test per rule."""
+"""protocol.codec: request and response bodies (docs/api.md, docs/semantics.md §A.1), one
+test per rule."""
 
 from __future__ import annotations
 
@@ -289,8 +290,10 @@ def requests(draw: st.DrawFn, rpc: Rpc) -> ShareGroupStateRequest[Any]:
     for _ in range(draw(st.integers(0, 3))):
         spelled, canonical = draw(topic_ids())
         partitions = draw(st.lists(REQUEST_PARTITIONS[rpc], max_size=3))
-        topics.append(TopicRequest(spelled, canonical, partitions))
-    return ShareGroupStateRequest(rpc, draw(st.text(min_size=1)), topics)
+        topic = TopicRequest(spelled, partitions)
+        topic.key_topic_id = canonical
+        topics.append(topic)
+    return ShareGroupStateRequest(draw(st.text(min_size=1)), topics)
 
 
 any_batches = st.lists(
@@ -328,7 +331,7 @@ def responses(draw: st.DrawFn, rpc: Rpc) -> ShareGroupStateResponse[Any]:
     results = draw(
         st.lists(st.builds(TopicResult, st.text(), st.lists(RESULTS[rpc], max_size=3)), max_size=3)
     )
-    return ShareGroupStateResponse(rpc, results)
+    return ShareGroupStateResponse(results)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -405,11 +408,11 @@ def test_error_body_round_trip(fmt: Format, code: int, message: str) -> None:
     assert decode_error(encode_error(code, message, fmt), fmt) == ErrorBody(code, message)
 
 
-# --- exact response shapes (API.md) ---------------------------------------------------
+# --- exact response shapes (docs/api.md) ---------------------------------------------------
 
 
 def shape(obj: Any) -> Any:
-    """Keys in order, recursively: what a reader of API.md sees."""
+    """Keys in order, recursively: what a reader of docs/api.md sees."""
     if isinstance(obj, dict):
         return [(k, shape(v)) for k, v in obj.items()]
     if isinstance(obj, list):
@@ -423,9 +426,9 @@ BASE_RESULT = {"partition": 3, "error_code": 0, "error_message": None}
 @pytest.mark.parametrize(
     ("rpc", "result", "expected"),
     [
-        (Rpc.INITIALIZE, PartitionResult(3), BASE_RESULT),
-        (Rpc.WRITE, PartitionResult(3), BASE_RESULT),
-        (Rpc.DELETE, PartitionResult(3), BASE_RESULT),
+        (Rpc.INITIALIZE, PartitionResult(3, 0, None), BASE_RESULT),
+        (Rpc.WRITE, PartitionResult(3, 0, None), BASE_RESULT),
+        (Rpc.DELETE, PartitionResult(3, 0, None), BASE_RESULT),
         (
             Rpc.READ,
             ReadPartitionResult(3, 0, None, 2, 100, [StateBatch(100, 109, 2, 1)]),
@@ -453,7 +456,7 @@ BASE_RESULT = {"partition": 3, "error_code": 0, "error_message": None}
 def test_response_has_exactly_api_md_shape(
     rpc: Rpc, result: Any, expected: dict[str, Any], fmt: Format
 ) -> None:
-    response = ShareGroupStateResponse(rpc, [TopicResult(TOPIC_RFC4122, [result])])
+    response = ShareGroupStateResponse([TopicResult(TOPIC_RFC4122, [result])])
     encoded = encode_response(response, fmt)
     obj = msgpack.unpackb(encoded) if fmt is MSGPACK else json.loads(encoded)
     assert shape(obj) == shape({"results": [{"topic_id": TOPIC_RFC4122, "partitions": [expected]}]})
@@ -461,10 +464,10 @@ def test_response_has_exactly_api_md_shape(
 
 def test_error_results_carry_kafkas_schema_defaults() -> None:
     read = ShareGroupStateResponse(
-        Rpc.READ, [TopicResult(TOPIC, [ReadPartitionResult(1, 42, "x")])]
+        [TopicResult(TOPIC, [ReadPartitionResult(1, 42, "x", 0, 0, [])])]
     )
     summary = ShareGroupStateResponse(
-        Rpc.READ_SUMMARY, [TopicResult(TOPIC, [ReadSummaryPartitionResult(1, 42, "x")])]
+        [TopicResult(TOPIC, [ReadSummaryPartitionResult(1, 42, "x", 0, 0, 0, -1)])]
     )
     assert json.loads(encode_response(read, JSON))["results"][0]["partitions"][0] == {
         "partition": 1,
@@ -508,7 +511,7 @@ def test_admin_state_has_the_shape_of_spec_a1_point_10() -> None:
 def test_find_coordinator_response_has_exactly_api_md_shape() -> None:
     response = FindCoordinatorResponse(
         [
-            CoordinatorResult("g:t:0", 20, 0, "127.0.0.1", 9095),
+            CoordinatorResult("g:t:0", 20, 0, "127.0.0.1", 9095, 0, None),
             CoordinatorResult("bad", -1, -1, "", -1, 42, "x"),
         ]
     )
@@ -561,11 +564,12 @@ def test_request_is_spelled_per_rpc_as_api_md(rpc: Rpc) -> None:
     bodies: dict[Rpc, Any] = {
         Rpc.INITIALIZE: InitializePartition(1, 2, 3),
         Rpc.READ: ReadPartition(1, 2),
-        Rpc.WRITE: WritePartition(1, 2, 3, 4, [StateBatch(5, 6, 0, 1)], 7, invalid="never sent"),
+        Rpc.WRITE: WritePartition(1, 2, 3, 4, [StateBatch(5, 6, 0, 1)], 7),
         Rpc.DELETE: DeletePartition(1),
         Rpc.READ_SUMMARY: ReadSummaryPartition(1, 2),
     }
-    request = ShareGroupStateRequest(rpc, "g", [TopicRequest(TOPIC_RFC4122, TOPIC, [bodies[rpc]])])
+    bodies[Rpc.WRITE].invalid = "never sent"
+    request = ShareGroupStateRequest("g", [TopicRequest(TOPIC_RFC4122, [bodies[rpc]])])
     sent = json.loads(encode_request(request, JSON))
     expected = {
         Rpc.INITIALIZE: {"partition": 1, "state_epoch": 2, "start_offset": 3},
@@ -1113,9 +1117,9 @@ def test_topic_id_is_echoed_as_spelled_and_keyed_canonically(
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_empty_topics_and_empty_partitions_are_fine(fmt: Format) -> None:
     raw = encode({"group_id": "g", "topics": []}, fmt)
-    assert decode_request(Rpc.WRITE, raw, fmt) == ShareGroupStateRequest(Rpc.WRITE, "g", [])
+    assert decode_request(Rpc.WRITE, raw, fmt) == ShareGroupStateRequest("g", [])
     raw = encode({"group_id": "g", "topics": [{"topic_id": TOPIC, "partitions": []}]}, fmt)
-    assert decode_request(Rpc.WRITE, raw, fmt).topics == [TopicRequest(TOPIC, TOPIC, [])]
+    assert decode_request(Rpc.WRITE, raw, fmt).topics == [TopicRequest(TOPIC, [])]
 
 
 def test_a_duplicated_entry_is_decoded_twice_in_order() -> None:
@@ -1234,7 +1238,21 @@ def test_topic_registration_needs_a_topic_id_and_an_int32_count_of_at_least_one(
             {"coordinators": [{"key": "k"}]},
             "coordinators[0].state_partition",
         ),
-        (decode_admin_state, {"group_id": "g"}, "fencing"),
+        (
+            decode_admin_state,
+            {
+                "group_id": "g",
+                "topic_id": TOPIC,
+                "partition": 0,
+                "snapshot_epoch": 0,
+                "state_epoch": 0,
+                "leader_epoch": 0,
+                "start_offset": 0,
+                "delivery_complete_count": -1,
+                "state_batches": [],
+            },
+            "fencing",
+        ),
         (decode_error, {"error_code": 42, "error_message": None}, "error_message"),
         (decode_error, {"error_code": 1.0, "error_message": "x"}, "error_code"),
         (decode_error, {"error_code": 2**15, "error_message": "x"}, "error_code"),
@@ -1344,14 +1362,13 @@ def valid_body(name: str) -> dict[str, Any]:
     if name.startswith("decode_response["):
         rpc = Rpc(name[len("decode_response[") : -1])
         result = ShareGroupStateResponse(
-            rpc,
             [
                 TopicResult(
                     TOPIC,
                     [
                         ReadPartitionResult(0, 0, None, 1, 2, [StateBatch(2, 3, 0, 1)])
                         if rpc is Rpc.READ
-                        else ReadSummaryPartitionResult(0, 42, "x")
+                        else ReadSummaryPartitionResult(0, 42, "x", 0, 0, 0, -1)
                         if rpc is Rpc.READ_SUMMARY
                         else PartitionResult(0, 0, None)
                     ],
@@ -1361,7 +1378,7 @@ def valid_body(name: str) -> dict[str, Any]:
         loaded: dict[str, Any] = json.loads(encode_response(result, JSON))
         return loaded
     if name == "decode_find_coordinator_response":
-        response = FindCoordinatorResponse([CoordinatorResult("k", 1, 0, "h", 9095)])
+        response = FindCoordinatorResponse([CoordinatorResult("k", 1, 0, "h", 9095, 0, None)])
         fc: dict[str, Any] = json.loads(encode_find_coordinator_response(response, JSON))
         return fc
     if name == "decode_admin_state":
@@ -1416,3 +1433,14 @@ def test_a_valid_body_with_trailing_bytes_is_a_body_error(
 ) -> None:
     raw = encode_request(request, MSGPACK) + junk
     body_error(lambda: decode_request(Rpc.WRITE, raw, MSGPACK), "")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_nesting_too_deep_in_an_unknown_field_is_a_body_error_or_ignored(fmt: Format) -> None:
+    depth = 5000  # deeper than any parser here recurses
+    if fmt is MSGPACK:
+        head = b"\x83" + b"".join(msgpack.packb(x) for x in ("group_id", "g", "topics", []))
+        raw = head + msgpack.packb("extra") + b"\x91" * depth + b"\x90"
+    else:
+        raw = b'{"group_id": "g", "topics": [], "extra": ' + b"[" * depth + b"]" * depth + b"}"
+    only_body_errors(partial(decode_request, Rpc.DELETE), raw, fmt)

@@ -1,4 +1,5 @@
-"""The error table (SPEC §12, API.md): Kafka's numbers, names, messages, retriability."""
+"""The error table (docs/semantics.md §12, docs/api.md#error-codes): Kafka's numbers,
+names, messages, retriability."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Topic ids, coordinator keys and partitionFor (SPEC §1.2, §1.3)."""
+"""Topic ids, coordinator keys and partitionFor (docs/semantics.md §1.2, §1.3)."""
 
 from __future__ import annotations
 

@@ -4,12 +4,12 @@ answers (SIGKILL) or get 15 for some entries (disk faults).
 Each key (group, partition of one topic) maps to the list of states it may be in. While
 the daemon answers, that list has one element: the state is known exactly, and every
 answer is checked against what the model predicts (codes, read results, summaries), so
-the model and the daemon agree on SPEC §5 before anything is killed. When an answer is
+the model and the daemon agree on docs/semantics.md §5 before anything is killed. When an answer is
 lost, each key of that request may be in the state after any prefix of its entries (the
 log makes a prefix of a partition's records durable). After a restart ``reconcile`` looks
 at what the daemon shows: it must be one of the possible states, which then is the state.
 
-The random operations keep the state computable without SPEC §7's merge: a write either
+The random operations keep the state computable without docs/semantics.md §7's merge: a write either
 moves the start offset past every stored batch and brings its own batches (which are then
 the state's batches), or keeps the start offset and appends batches past the last one,
 with gaps so nothing coalesces. Both give the same result whether the write becomes a

@@ -369,7 +369,7 @@ async def fault_rounds(
         await check_exact(session, daemon.url, model, rng)
         assert await asyncio.to_thread(daemon.terminate) == 0
     # A failing disk is the environment, not a bug: logged in lines, never with a trace
-    # (API.md keeps traces for code -1).
+    # (docs/api.md keeps traces for code -1).
     for started in daemons:
         stderr = await asyncio.to_thread(started.stderr_text)
         assert "Traceback" not in stderr, stderr[stderr.index("Traceback") - 300 :][:3000]

@@ -1,4 +1,4 @@
-"""Issue #7, item 5 (a): a fuzzer of request bodies for every endpoint of API.md.
+"""Issue #7, item 5 (a): a fuzzer of request bodies for every endpoint of docs/api.md.
 
 Hypothesis builds requests for every route, in both encodings: random bytes, random
 msgpack / JSON structures, valid bodies with one field mutated (wrong type, out of its

@@ -1,7 +1,7 @@
 """Issue #7, item 5: malformed HTTP gets the API's error body too, and no input is a 5xx.
 
-API.md: "Every non-200 answer has a body {"error_code", "error_message"}". aiohttp
-answers a request it cannot parse on its own, before the app sees it; the daemon's
+docs/api.md#http-statuses: every answer but a 200 has an {"error_code", "error_message"}
+body. aiohttp answers a request it cannot parse on its own, before the app sees it; the daemon's
 connections (server/connection.py) give those answers the API's JSON body. Each row is
 sent on a fresh connection of one daemon; at the end the daemon still runs, logged no
 trace, and counted no 5xx.
@@ -125,7 +125,7 @@ ROUTES = {
 
 
 async def test_a_compressed_body_is_refused_with_415_and_never_decompressed(daemon, session):
-    """API.md's bodies are msgpack or JSON as they are: a Content-Encoding is refused, and
+    """docs/api.md's bodies are msgpack or JSON as they are: a Content-Encoding is refused, and
     aiohttp does not decompress bodies (one that nobody read and that did not decompress
     was logged by aiohttp, with a trace, as an unhandled exception)."""
     for name, (headers, payload) in COMPRESSED.items():

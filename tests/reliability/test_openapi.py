@@ -88,7 +88,7 @@ def _no_whole_floats(value: Any) -> Any:
 
 @schema.hook
 def map_body(context: Any, body: Any) -> Any:
-    """JSON Schema's ``integer`` admits 2.0 (draft 6 on, so OpenAPI 3.1); API.md does not:
+    """JSON Schema's ``integer`` admits 2.0 (draft 6 on, so OpenAPI 3.1); docs/api.md does not:
     a float where an integer belongs is a 400, as openapi.yaml's description says. The
     generated 2.0s are sent as the integers JSON Schema means by them; every other value,
     a 1.5 for an integer included, goes as generated."""

@@ -27,7 +27,7 @@ from tests.server.daemons import FORMATS, Api, Daemon, start_daemon
 
 @pytest.fixture(params=FORMATS)
 def fmt(request: pytest.FixtureRequest) -> str:
-    """Both body formats of API.md: every test using it runs in JSON and in msgpack."""
+    """Both body formats of docs/api.md: every test using it runs in JSON and in msgpack."""
     return str(request.param)
 
 

@@ -1,4 +1,4 @@
-"""Real daemons for the end-to-end tests, and a small HTTP client speaking API.md.
+"""Real daemons for the end-to-end tests, and a small HTTP client speaking docs/api.md.
 
 ``start_daemon`` runs ``python -m server.cli serve`` in a child process (with the
 repository root on ``PYTHONPATH``, so it works in a plain checkout and in an editable
@@ -330,7 +330,7 @@ def decode(raw: bytes, content_type: str) -> Any:
 
 
 class Api:
-    """API.md over HTTP, in one format; ``token`` adds the bearer header."""
+    """docs/api.md over HTTP, in one format; ``token`` adds the bearer header."""
 
     def __init__(
         self,
@@ -476,7 +476,7 @@ class Expected:
         ) == (self.start_offset, self.state_batches, self.delivery_complete_count)
 
 
-# After initialize with start_offset 0 (SPEC §A.1 point 7: delivery_complete_count 0).
+# After initialize with start_offset 0 (docs/semantics.md §A.1 point 7: delivery_complete_count 0).
 INITIAL = Expected(0, (), 0)
 
 
@@ -484,7 +484,7 @@ def next_write(
     rng: random.Random, partition: int, current: Expected
 ) -> tuple[dict[str, Any], Expected]:
     """A random write entry and the state it leaves. Its start offset is past every
-    stored batch, so the state is exactly its one batch (SPEC §7 step 2), whether the
+    stored batch, so the state is exactly its one batch (docs/semantics.md §7 step 2), whether the
     write becomes an update or a snapshot."""
     last = current.state_batches[-1][1] if current.state_batches else current.start_offset
     start = last + 1 + rng.randrange(10)

@@ -1,4 +1,5 @@
-"""The cluster map and find-coordinator (API.md: the cluster file, find-coordinator)."""
+"""The cluster map and find-coordinator (docs/api.md#the-cluster-file,
+docs/api.md#find-coordinator)."""
 
 from __future__ import annotations
 
@@ -262,7 +263,8 @@ def test_find_coordinator_routes_to_the_owner_of_the_hashed_partition(tmp_path):
 
 
 def test_find_coordinator_reformats_the_key_before_hashing():
-    # A padded group id and a '+'-signed partition hash as the canonical key (SPEC §1.2).
+    # A padded group id and a '+'-signed partition hash as the canonical key
+    # (docs/semantics.md §1.2).
     cluster = ClusterMap.single(0, "h", 1, 50)
     [result] = find_coordinator(cluster, [" group1 :AAAAAAAAAAAAAAAAAAAAAQ:+0"])
     assert result.state_partition == 20

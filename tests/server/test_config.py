@@ -480,7 +480,8 @@ def test_help_shows_doc_default_env_and_kafka_name():
     )
     add_arguments(parser, SERVE_SETTINGS)
     text = " ".join(parser.format_help().split())
-    assert "Updates of a key between two snapshots of it (SPEC §6). (default: 500;" in text
+    expected = "Updates of a key between two snapshots of it (docs/semantics.md §6). (default: 500;"
+    assert expected in text
     assert "env SHARECOORD_SNAPSHOT_UPDATE_RECORDS_PER_SNAPSHOT;" in text
     assert "Kafka: share.coordinator.snapshot.update.records.per.snapshot)" in text
     assert "--no-topic-catalog" in text

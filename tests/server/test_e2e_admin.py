@@ -1,11 +1,12 @@
-"""Admin endpoints and the topic catalog through real HTTP (API.md, SPEC §A and §5).
+"""Admin endpoints and the topic catalog through real HTTP (docs/api.md,
+docs/semantics.md §A and §5).
 
 * ``GET /v1/admin/state``: the stored state with its fencing maxima, the topic id
   echoed as the query spelled it, 404 (code 3) for a key without state, 400 naming the
   query parameter.
 * ``PUT`` / ``DELETE /v1/admin/topics``: with ``--topic-catalog`` every RPC answers 3
-  exactly where SPEC §5 checks metadata; a delete tombstones every share-partition of the
-  topic, any group.
+  exactly where docs/semantics.md §5 checks metadata; a delete tombstones every
+  share-partition of the topic, any group.
 * ``POST /v1/admin/compaction/commit`` and ``GET /v1/admin/partitions``.
 """
 
@@ -60,7 +61,8 @@ async def test_admin_state_shows_the_stored_state_and_fencing(serve, fmt):
             ),
         ),
     )
-    # Initialize again with -1: the state stores -1, the fencing maximum keeps 4 (§A.1 8).
+    # Initialize again with -1: the state stores -1, the fencing maximum keeps 4
+    # (docs/semantics.md §A.1 point 8).
     reply = await api.admin_state(g, TOPIC, 2)
     assert reply.status == 200
     assert reply.format == fmt

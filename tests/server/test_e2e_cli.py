@@ -1,4 +1,4 @@
-"""The operator commands and the daemon's start-up refusals, as processes (API.md CLI).
+"""The operator commands and the daemon's start-up refusals, as processes (docs/api.md#cli).
 
 * ``sharecoord log verify`` exits 0 on a healthy data directory and 1 on a damaged one;
   the daemon then serves every partition but the damaged one, which answers 15.

@@ -1,5 +1,5 @@
-"""Two daemons on loopback sharing a cluster file (API.md find-coordinator and the cluster
-file; DESIGN.md "Growing past one machine").
+"""Two daemons on loopback sharing a cluster file (docs/api.md#find-coordinator and
+docs/api.md#the-cluster-file; docs/design.md#growing-past-one-machine).
 
 Each owns half of the state partitions: an entry for a key the other owns answers 16 in
 its result while the owned ones in the same request succeed; find-coordinator answers

@@ -1,4 +1,4 @@
-"""Durability across process deaths (API.md "Durability": a 200 means fsynced).
+"""Durability across process deaths (docs/api.md#durability: a 200 means fsynced).
 
 * SIGKILL right after a 200, restart on the same data directory: every acknowledged
   write is there exactly; a write whose answer never came is there or not, whole.

@@ -1,4 +1,5 @@
-"""A failing disk under a running daemon (SPEC §A "fsync failure", DESIGN.md).
+"""A failing disk under a running daemon (docs/semantics.md §A, "write or fsync failure";
+docs/design.md#recovery).
 
 The daemon runs with ``SHARECOORD_FAILPOINTS`` naming a control file; a fault is armed for
 one state partition's directory while writes go to keys of that partition and of the

@@ -1,4 +1,4 @@
-"""The HTTP edge through real sockets (API.md "Transport", "Responses", "Error codes"):
+"""The HTTP edge through real sockets (docs/api.md "Transport", "Responses", "Error codes"):
 body errors (400 naming the field, nothing applied), 413, 415, Content-Type and Accept,
 404/405, and the operational endpoints /healthz, /readyz, /metrics, find-coordinator.
 """
@@ -360,7 +360,7 @@ async def test_unknown_route_answers_404_with_code_3(serve, fmt):
         assert reply.status == 404, path
         assert reply.body["error_code"] == 3
         assert path in reply.body["error_message"]
-        # In the request's format when it was recognised (API.md).
+        # In the request's format when it was recognised (docs/api.md).
         assert reply.format == fmt, path
 
 
@@ -566,7 +566,7 @@ async def test_a_bug_answers_500_with_code_minus_1_and_is_logged_with_a_trace(se
     served = await serve()
     service = served.coordinator.require_service()
 
-    async def broken(request: Any) -> Any:
+    async def broken(rpc: Any, request: Any) -> Any:
         raise RuntimeError("a bug in the service")
 
     service.handle = broken  # type: ignore[method-assign]

@@ -1,4 +1,5 @@
-"""A daemon loading a large log (API.md /readyz, error 14; SPEC §8 onElection).
+"""A daemon loading a large log (docs/api.md#health-and-metrics, error 14;
+docs/semantics.md §8 on loading).
 
 The data directory is written directly with ``persistence.StateLog`` and the record
 encoders: one state partition holds a snapshot per key and a few hundred thousand

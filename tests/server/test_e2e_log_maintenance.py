@@ -1,5 +1,5 @@
-"""The log's upkeep under a serving daemon (SPEC §A pruning and compaction, §A.1 12,
-DESIGN.md "Compaction and its swap").
+"""The log's upkeep under a serving daemon (docs/semantics.md §A pruning and compaction,
+§A.1 point 12, docs/design.md#compaction-and-its-swap).
 
 * Compaction: output staged the way the Spark job stages it (one ShareSnapshot per live
   key of the sealed segments, with its fencing maxima) is committed by
@@ -153,8 +153,8 @@ def record_kinds(data_dir: str, partition: int) -> list[tuple[str, int, int]]:
 
 
 async def test_snapshot_cadence_follows_the_setting(serve):
-    """SPEC §A.1 14 with N = 2: after Initialize, 3 updates then a snapshot; then 2
-    updates between snapshots (the setting reaches the shards)."""
+    """docs/semantics.md §A.1 point 14 with N = 2: after Initialize, 3 updates then a
+    snapshot; then 2 updates between snapshots (the setting reaches the shards)."""
     served = await serve(partitions=1, snapshot_update_records_per_snapshot=2)
     api = served.api()
     rng = random.Random(13)
@@ -179,7 +179,7 @@ async def test_snapshot_cadence_follows_the_setting(serve):
 
 
 async def test_cold_partition_snapshots_rewrite_a_key_written_by_updates(serve):
-    """SPEC §10: a key untouched for the cold interval gets a snapshot of its state,
+    """docs/semantics.md §10: a key untouched for the cold interval gets a snapshot of its state,
     snapshot epoch + 1 and a new write timestamp, and nothing else changes."""
     served = await serve(partitions=1, cold_partition_snapshot_interval_ms=100)
     api = served.api()

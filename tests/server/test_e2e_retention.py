@@ -1,5 +1,5 @@
-"""State retention (SPEC §A, KIP-211 style): with ``--state-retention-ms``, all state of
-a group on a node is tombstoned once no RPC touched any of the group's share-partitions
+"""State retention (docs/semantics.md §A, KIP-211 style): with ``--state-retention-ms``,
+all state of a group on a node is tombstoned once no RPC touched any of the group's share-partitions
 there for that long; a group's clock starts at its last RPC or at the node's start, so a
 restart can only delay expiry.
 

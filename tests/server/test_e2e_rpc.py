@@ -1,4 +1,5 @@
-"""The five RPCs through real HTTP, in JSON and in msgpack (API.md, SPEC §5 and §A).
+"""The five RPCs through real HTTP, in JSON and in msgpack (docs/api.md, docs/semantics.md
+§5 and §A).
 
 The app is built with ``create_app`` and served on a loopback socket; every test that
 takes ``fmt`` runs once per body format.
@@ -119,7 +120,7 @@ async def test_the_five_rpcs_round_trip(serve, fmt):
         }
     ]
     assert await api.state(g, TOPIC, 0) is None
-    # Deleting a key with no state is a success too (SPEC §5.4).
+    # Deleting a key with no state is a success too (docs/semantics.md §5.4).
     assert await api.codes("delete", body(g, (TOPIC, [part(0)]))) == [0]
 
 
@@ -178,7 +179,7 @@ async def test_results_mirror_the_request_order_topics_and_partitions(serve, fmt
     assert [t["topic_id"] for t in answer["results"]] == [OTHER_TOPIC, TOPIC, TOPIC_RFC4122]
     assert [r["partition"] for r in answer["results"][0]["partitions"]] == [9, 2, 31, 0, 7]
     assert [r["partition"] for r in answer["results"][1]["partitions"]] == [5, 1, 3]
-    # A topic entry with no partitions gets a result with none (SPEC §A.1 point 4).
+    # A topic entry with no partitions gets a result with none (docs/semantics.md §A.1 point 4).
     assert answer["results"][2] == {"topic_id": TOPIC_RFC4122, "partitions": []}
     # The same order for the read, whose keys live on different state partitions.
     request = body(g, (TOPIC, [read_entry(p, -1) for p in (3, 5, 1)]))
@@ -287,7 +288,7 @@ async def test_fencing_answers_74_and_124(serve, fmt):
         {"partition": 0, "error_code": 0, "error_message": None},
         {"partition": 0, "error_code": 0, "error_message": None},
     ]
-    # A write never moves the epochs (SPEC §5.3).
+    # A write never moves the epochs (docs/semantics.md §5.3).
     state = await api.state(g, TOPIC, 0)
     assert state is not None
     assert state["fencing"] == {"state_epoch": 5, "leader_epoch": 3}

@@ -1,4 +1,4 @@
-"""Security end to end (API.md "Security"): the bearer token on every /v1/ route, and
+"""Security end to end (docs/api.md#security): the bearer token on every /v1/ route, and
 TLS / mutual TLS with real handshakes against a real daemon process."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bearer tokens and TLS, with real handshakes on loopback (API.md, "Security")."""
+"""Bearer tokens and TLS, with real handshakes on loopback (docs/api.md#security)."""
 
 from __future__ import annotations
 

@@ -6,16 +6,8 @@ from dataclasses import dataclass, field
 
 from protocol.batches import StateBatch
 from protocol.records import Record, ShareKey
-from server.shard import (
-    InitializeOp,
-    Op,
-    ReadOp,
-    Response,
-    ShardConfig,
-    ShareCoordinatorShard,
-    TopicMetadata,
-    WriteOp,
-)
+from protocol.shard import ShardConfig, ShareCoordinatorShard, TopicMetadata
+from tests.shard.ops import InitializeOp, Op, ReadOp, Response, WriteOp, handle
 
 KEY = ShareKey("group1", "AAAAAAAAAAAAAAAAAAAAAQ", 0)
 OTHER_KEY = ShareKey("group1", "AAAAAAAAAAAAAAAAAAAAAQ", 1)
@@ -51,7 +43,7 @@ class Harness:
 
     def apply(self, op: Op) -> tuple[list[Record], Response]:
         """handle -> append -> replay, as the runtime does."""
-        records, response = self.shard.handle(op)
+        records, response = handle(self.shard, op)
         for record in records:
             self.append(record)
         return records, response

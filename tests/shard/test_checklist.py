@@ -1,4 +1,4 @@
-"""SPEC §16, the edge-case checklist, as §A / §A.1 adapt it: one test per item.
+"""docs/semantics.md §16, the edge-case checklist, as §A / §A.1 adapt it: one test per item.
 
 Item 14 (request-level validation) is a property of the HTTP edge under §A; it is
 tested with the codec and the daemon (tests/protocol/test_codec.py, tests/server)."""
@@ -8,8 +8,9 @@ from __future__ import annotations
 from protocol import errors
 from protocol.batches import StateBatch, combine_state_batches
 from protocol.records import ShareSnapshot, ShareTombstone, ShareUpdate
-from server.shard import DeleteOp, ReadSummaryOp, ShardConfig
+from protocol.shard import ShardConfig
 from tests.shard.harness import KEY, Catalog, Harness, batch
+from tests.shard.ops import DeleteOp, ReadSummaryOp
 
 
 def test_16_1_overlap_is_resolved_by_priority_not_recency():

@@ -1,10 +1,11 @@
-"""SPEC §10: cold-partition snapshotting, one test per rule."""
+"""docs/semantics.md §10: cold-partition snapshotting, one test per rule."""
 
 from __future__ import annotations
 
 from protocol.records import ShareSnapshot
-from server.shard import ColdSnapshotOp, ShardConfig
+from protocol.shard import ShardConfig
 from tests.shard.harness import KEY, OTHER_KEY, Harness
+from tests.shard.ops import ColdSnapshotOp
 
 INTERVAL = 10_000
 

@@ -1,9 +1,10 @@
-"""SPEC §4 (replay rules) and §9 (offsets manager), one test per numbered rule."""
+"""docs/semantics.md §4 (replay rules) and §9 (offsets manager), one test per numbered rule."""
 
 from __future__ import annotations
 
 from protocol.records import ShareSnapshot, ShareTombstone, ShareUpdate
-from server.shard import ShardConfig, ShareCoordinatorShard
+from protocol.replay import ShareGroupOffset
+from protocol.shard import ShardConfig, ShareCoordinatorShard
 from tests.shard.harness import KEY, OTHER_KEY, batch
 
 
@@ -80,7 +81,7 @@ def test_4_snapshot_3_replaces_the_state_verbatim_without_merging_batches():
         ),
     )
     state = s.key_state(KEY).state
-    assert state == (1, 2, 3, 20, 7, 8, [batch(20, 29, 2, 2)], 4)
+    assert state == ShareGroupOffset(1, 2, 3, 20, 7, 8, [batch(20, 29, 2, 2)], 4)
 
 
 def test_4_snapshot_3_state_leader_epoch_can_be_below_the_fence():
@@ -161,7 +162,7 @@ def test_4_update_2_without_state_becomes_the_state_with_epoch_and_timestamps_ze
         0, update(snapshot_epoch=3, leader_epoch=2, start_offset=5, batches=[batch(5, 9)], dcc=2)
     )
     entry = s.key_state(KEY)
-    assert entry.state == (3, 0, 2, 5, 0, 0, [batch(5, 9)], 2)
+    assert entry.state == ShareGroupOffset(3, 0, 2, 5, 0, 0, [batch(5, 9)], 2)
     assert entry.state_fence is None
 
 

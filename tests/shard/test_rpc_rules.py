@@ -1,5 +1,6 @@
-"""SPEC §5 (the RPCs), §6 (snapshot or update) and §15 (delivery_complete_count), with the
-adaptations of §A / §A.1. One test per rule, named after it."""
+"""docs/semantics.md §5 (the RPCs), §6 (snapshot or update) and §15
+(delivery_complete_count), with the adaptations of §A / §A.1. One test per rule, named
+after it."""
 
 from __future__ import annotations
 
@@ -8,15 +9,9 @@ import pytest
 from protocol import errors
 from protocol.messages import ReadSummaryPartitionResult
 from protocol.records import ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
-from server.shard import (
-    DeleteOp,
-    InitializeOp,
-    ReadOp,
-    ReadSummaryOp,
-    ShardConfig,
-    WriteOp,
-)
+from protocol.shard import ShardConfig
 from tests.shard.harness import KEY, Catalog, Harness, batch
+from tests.shard.ops import DeleteOp, InitializeOp, ReadOp, ReadSummaryOp, WriteOp, handle
 
 TOPIC = KEY.topic_id
 
@@ -471,4 +466,4 @@ def test_handle_dispatches_every_rpc_operation():
     assert code(h.apply(ReadSummaryOp(KEY))[1]) == 0
     assert code(h.apply(DeleteOp(KEY))[1]) == 0
     with pytest.raises(TypeError):
-        h.shard.handle("not an op")  # type: ignore[arg-type]
+        handle(h.shard, "not an op")  # type: ignore[arg-type]

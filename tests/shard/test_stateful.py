@@ -1,7 +1,7 @@
 """Stateful hypothesis test of the shard.
 
 Random sequences of RPCs (and the periodic jobs) run against the shard and against a
-model that restates SPEC §4-§6, §10 and §A directly as state transitions (no records).
+model that restates docs/semantics.md §4-§6, §10 and §A directly as state transitions (no records).
 After every step:
 
 * every response equals the model's;
@@ -28,7 +28,9 @@ from protocol.messages import (
     ReadSummaryPartitionResult,
 )
 from protocol.records import ShareKey
-from server.shard import (
+from protocol.shard import ShardConfig
+from tests.shard.harness import Catalog, Harness
+from tests.shard.ops import (
     ColdSnapshotOp,
     DeleteOp,
     DeleteTopicsOp,
@@ -36,10 +38,8 @@ from server.shard import (
     InitializeOp,
     ReadOp,
     ReadSummaryOp,
-    ShardConfig,
     WriteOp,
 )
-from tests.shard.harness import Catalog, Harness
 
 TOPICS = ["AAAAAAAAAAAAAAAAAAAAAQ", "AAAAAAAAAAAAAAAAAAAAAg"]
 KEYS = [ShareKey(g, t, p) for g in ("g1", "g2") for t in TOPICS for p in (0, 1)]
@@ -150,7 +150,7 @@ class ShardMachine(RuleBasedStateMachine):
         elif self.unknown(key):
             expected = PartitionResult(key.partition, 3, errors.default_message(3))
         else:
-            expected = PartitionResult(key.partition)
+            expected = PartitionResult(key.partition, 0, None)
             now = self.now()
             dcc = -1 if start_offset == -1 else 0
             if m is None:
@@ -172,11 +172,13 @@ class ShardMachine(RuleBasedStateMachine):
         _, got = self.h.apply(ReadOp(key, leader_epoch))
         m = self.model.get(key)
         if m is None:
-            expected = ReadPartitionResult(key.partition, 42, errors.MSG_READ_UNINITIALIZED)
+            expected = ReadPartitionResult(
+                key.partition, 42, errors.MSG_READ_UNINITIALIZED, 0, 0, []
+            )
         elif m.leader_fence > leader_epoch:
-            expected = ReadPartitionResult(key.partition, 74, errors.default_message(74))
+            expected = ReadPartitionResult(key.partition, 74, errors.default_message(74), 0, 0, [])
         elif self.unknown(key):
-            expected = ReadPartitionResult(key.partition, 3, errors.default_message(3))
+            expected = ReadPartitionResult(key.partition, 3, errors.default_message(3), 0, 0, [])
         else:
             expected = ReadPartitionResult(
                 key.partition, 0, None, m.state_epoch, m.start_offset, list(m.batches)
@@ -205,7 +207,7 @@ class ShardMachine(RuleBasedStateMachine):
         elif self.unknown(key):
             expected = PartitionResult(key.partition, 3, errors.default_message(3))
         else:
-            expected = PartitionResult(key.partition)
+            expected = PartitionResult(key.partition, 0, None)
             self.model_write(m, m.leader_epoch, start_offset, batches, dcc)
         assert got == expected
 
@@ -215,7 +217,7 @@ class ShardMachine(RuleBasedStateMachine):
         if self.unknown(key):
             expected = PartitionResult(key.partition, 3, errors.default_message(3))
         else:
-            expected = PartitionResult(key.partition)
+            expected = PartitionResult(key.partition, 0, None)
             self.model.pop(key, None)
         assert got == expected
 
@@ -225,7 +227,9 @@ class ShardMachine(RuleBasedStateMachine):
         assert records == []
         m = self.model.get(key)
         if self.unknown(key):
-            expected = ReadSummaryPartitionResult(key.partition, 3, errors.default_message(3))
+            expected = ReadSummaryPartitionResult(
+                key.partition, 3, errors.default_message(3), 0, 0, 0, -1
+            )
         elif m is None:
             expected = ReadSummaryPartitionResult(key.partition, 0, None, 0, 0, -1, -1)
         else:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from protocol.batches import StateBatch
 from protocol.records import ShareKey
+from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
-from server.shard import InitializeOp, ReadOp, ShardConfig, WriteOp
 from tests.shard.harness import Harness
+from tests.shard.ops import InitializeOp, ReadOp, WriteOp
 
 EXAMPLE = json.loads(
     (Path(__file__).parent.parent / "data" / "kip932-worked-example.json").read_text()
@@ -44,7 +46,7 @@ def op_for(rpc: str, group_id: str, topic_id: str, p: dict):
 
 
 def wire(response) -> dict:
-    """The partition result as API.md spells it (the codec's job; kept minimal here)."""
+    """The partition result as docs/api.md spells it (the codec's job; kept minimal here)."""
     out = {
         "partition": response.partition,
         "error_code": response.error_code,
@@ -53,7 +55,7 @@ def wire(response) -> dict:
     if hasattr(response, "state_batches"):
         out["state_epoch"] = response.state_epoch
         out["start_offset"] = response.start_offset
-        out["state_batches"] = [b._asdict() for b in response.state_batches]
+        out["state_batches"] = [msgspec.structs.asdict(b) for b in response.state_batches]
     return out
 
 

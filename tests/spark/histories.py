@@ -30,17 +30,9 @@ from protocol.records import (
     encode_record,
 )
 from protocol.routing import partition_for
-from server.shard import (
-    ColdSnapshotOp,
-    DeleteOp,
-    InitializeOp,
-    Op,
-    ReadOp,
-    ShardConfig,
-    ShareCoordinatorShard,
-    WriteOp,
-)
+from protocol.shard import ShardConfig, ShareCoordinatorShard
 from spark_jobs.sealed import RawRecord
+from tests.shard.ops import ColdSnapshotOp, DeleteOp, InitializeOp, Op, ReadOp, WriteOp, handle
 
 TOPICS = ("AAAAAAAAAAAAAAAAAAAAAQ", "AAAAAAAAAAAAAAAAAAAAAg")
 KEYS = tuple(ShareKey(g, t, p) for g in ("g1", "g2") for t in TOPICS for p in (0, 1))
@@ -113,7 +105,7 @@ def run_rpcs(ops: Iterable[Op], num_partitions: int, records_per_snapshot: int) 
             else [state_partition_of(op.key, num_partitions)]  # type: ignore[union-attr]
         )
         for p in targets:
-            records, _ = shards[p].handle(op)
+            records, _ = handle(shards[p], op)
             for record in records:
                 offset = next_offset[p]
                 next_offset[p] += 1
@@ -162,7 +154,8 @@ def replayed_shard(records: Iterable[tuple[int, Record]]) -> ShareCoordinatorSha
 
 
 def admin_states(shard: ShareCoordinatorShard) -> dict[ShareKey, AdminState | None]:
-    """The admin state (SPEC §A.1 point 10: stored state and fencing maxima) per key."""
+    """The admin state (docs/semantics.md §A.1 point 10: stored state and fencing maxima)
+    per key."""
     return {key: shard.admin_state(key) for key in sorted(shard)}
 
 

@@ -29,8 +29,8 @@ from persistence import (
 )
 from persistence.fileops import FaultRule
 from protocol.records import ShareKey
-from server.shard import InitializeOp, Op, WriteOp
 from spark_jobs.compact import COMMITTED_SELF, compact_partition
+from tests.shard.ops import InitializeOp, Op, WriteOp
 from tests.spark.conftest import REPO_ROOT
 from tests.spark.histories import log_bytes, run_rpcs, states_on_disk, write_log
 

@@ -24,8 +24,9 @@ import pytest
 from protocol.batches import StateBatch
 from protocol.codec import Format, encode_admin_state
 from protocol.records import ShareKey
-from server.shard import InitializeOp, ShardConfig, ShareCoordinatorShard, WriteOp
+from protocol.shard import ShardConfig, ShareCoordinatorShard
 from spark_jobs.compact import STAGED_FOR_DAEMON
+from tests.shard.ops import InitializeOp, WriteOp, handle
 from tests.spark.conftest import REPO_ROOT
 from tests.spark.histories import state_partition_of
 
@@ -162,7 +163,7 @@ class Writer:
     _offset: int = 0
 
     def apply(self, op: object) -> None:
-        records, _ = self.model.handle(op)  # type: ignore[arg-type]
+        records, _ = handle(self.model, op)  # type: ignore[arg-type]
         for record in records:
             self.model.replay(self._offset, record)
             self._offset += 1

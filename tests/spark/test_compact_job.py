@@ -1,6 +1,7 @@
 """The compaction job through Spark (local[2]) on real data directories: the state
 replayed after compaction is the state before, the log verifies, it shrinks to one
-record per key plus the active segment, and the commit handshake follows DESIGN.md."""
+record per key plus the active segment, and the commit handshake follows
+docs/design.md#compaction-and-its-swap."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ from pyspark.sql import SparkSession
 from persistence import StateLog, partition_dir, pending_staged, read_partition, verify
 from protocol.batches import StateBatch
 from protocol.records import ShareKey, encode_key
-from server.shard import DeleteOp, InitializeOp, Op, WriteOp
 from spark_jobs import compact
+from tests.shard.ops import DeleteOp, InitializeOp, Op, WriteOp
 from tests.spark.histories import (
     KEYS,
     Appended,

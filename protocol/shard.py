@@ -1,0 +1,374 @@
+"""The share coordinator shard: the pure state machine of one state partition.
+
+Every rule of the state lives here and in ``protocol.replay`` (as h11 keeps its state
+rules in one place). Two kinds of entry points, as in Kafka's coordinator runtime:
+
+* the operations validate against the current state and say which records to append
+  and what to answer; they change nothing. The five RPCs take the decoded request entry
+  itself (``protocol.messages``) and return at most one record and the entry's result;
+  the maintenance jobs (topic deletion, state retention, cold snapshots) return lists
+  of records.
+* ``replay(offset, record)`` applies a record, whether just appended or loaded from the
+  log. State changes only there, so loading and live writes share one code path.
+
+No I/O and no clock of its own (the clock is injected): the runtime appends the records,
+replays them and answers once the log says they are durable.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from protocol import errors
+from protocol.batches import StateBatch, is_clean, merge_batches, prune_batches
+from protocol.messages import (
+    AdminState,
+    DeletePartition,
+    Fencing,
+    InitializePartition,
+    PartitionResult,
+    ReadPartition,
+    ReadPartitionResult,
+    ReadSummaryPartition,
+    ReadSummaryPartitionResult,
+    WritePartition,
+)
+from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
+from protocol.replay import KeyState, ShareStateMap
+
+# Kafka's share.coordinator.snapshot.update.records.per.snapshot: default and bound.
+DEFAULT_RECORDS_PER_SNAPSHOT = 500
+MAX_RECORDS_PER_SNAPSHOT = 500
+# Kafka's share.coordinator.cold.partition.snapshot.interval.ms.
+DEFAULT_COLD_PARTITION_SNAPSHOT_INTERVAL_MS = 300_000
+
+
+@dataclass(frozen=True, slots=True)
+class ShardConfig:
+    records_per_snapshot: int = DEFAULT_RECORDS_PER_SNAPSHOT
+    cold_partition_snapshot_interval_ms: int = DEFAULT_COLD_PARTITION_SNAPSHOT_INTERVAL_MS
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.records_per_snapshot <= MAX_RECORDS_PER_SNAPSHOT:
+            raise ValueError(
+                "snapshot_update_records_per_snapshot must be between 0 and "
+                f"{MAX_RECORDS_PER_SNAPSHOT}, got {self.records_per_snapshot}"
+            )
+        if self.cold_partition_snapshot_interval_ms < 1:
+            raise ValueError("cold_partition_snapshot_interval_ms must be at least 1")
+
+
+class TopicMetadata(Protocol):
+    """What the shard needs of the topic catalog (docs/semantics.md §A): a topic's partition count,
+    or None for a topic it does not know."""
+
+    def partition_count(self, topic_id: str) -> int | None: ...
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _max_state_fence(entry: KeyState, state_epoch: int) -> int:
+    fence = entry.state_fence
+    return state_epoch if fence is None or fence < state_epoch else fence
+
+
+class ShareCoordinatorShard:
+    """The state of one state partition and the rules of every RPC on it (docs/semantics.md §5)."""
+
+    def __init__(
+        self,
+        config: ShardConfig | None = None,
+        *,
+        metadata: TopicMetadata | None = None,
+        now_ms: Callable[[], int] = _wall_clock_ms,
+    ) -> None:
+        self.config = config or ShardConfig()
+        # None: no topic catalog, so no metadata checks at all (docs/semantics.md §A).
+        self.metadata = metadata
+        self._now_ms = now_ms
+        self._state = ShareStateMap(self.config.records_per_snapshot)
+        self._keys = self._state.keys
+
+    # --- replay -----------------------------------------------------------------------
+
+    def replay(self, offset: int, record: Record, key_bytes: bytes | None = None) -> None:
+        self._state.replay(offset, record, key_bytes)
+
+    def last_redundant_offset(self) -> int | None:
+        return self._state.last_redundant_offset()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self) -> Iterator[ShareKey]:
+        """The keys that have state."""
+        return iter(self._keys)
+
+    def key_state(self, key: ShareKey) -> KeyState | None:
+        return self._keys.get(key)
+
+    def group_ids(self) -> set[str]:
+        return {key.group_id for key in self._keys}
+
+    # --- the five RPCs (docs/semantics.md §5) ------------------------------------------
+
+    def initialize(
+        self, key: ShareKey, entry: InitializePartition
+    ) -> tuple[Record | None, PartitionResult]:
+        """docs/semantics.md §5.1: fence the state epoch (-1 skips), check metadata,
+        then snapshot."""
+        state = self._keys.get(key)
+        state_epoch, start_offset = entry.state_epoch, entry.start_offset
+        if (
+            state_epoch != -1
+            and state is not None
+            and state.state_fence is not None
+            and state.state_fence > state_epoch
+        ):
+            return None, _failed(key, errors.FENCED_STATE_EPOCH)
+        if self._unknown_topic_partition(key):
+            return None, _failed(key, errors.UNKNOWN_TOPIC_OR_PARTITION)
+        now = self._now_ms()
+        if state is None:
+            snapshot_epoch, fence_leader, fence_state = 0, 0, state_epoch
+        else:
+            snapshot_epoch = state.state.snapshot_epoch + 1
+            fence_leader = max(state.leader_fence, 0)
+            fence_state = _max_state_fence(state, state_epoch)
+        snapshot = ShareSnapshot(
+            key,
+            snapshot_epoch,
+            state_epoch,
+            0,
+            start_offset,
+            now,
+            now,
+            [],
+            -1 if start_offset == -1 else 0,
+            fence_leader,
+            fence_state,
+        )
+        return snapshot, PartitionResult(key.partition, 0, None)
+
+    def read(
+        self, key: ShareKey, entry: ReadPartition
+    ) -> tuple[Record | None, ReadPartitionResult]:
+        """docs/semantics.md §5.2: the stored state; a higher leader epoch is written down first."""
+        state = self._keys.get(key)
+        if state is None:
+            return None, ReadPartitionResult(
+                key.partition, errors.INVALID_REQUEST, errors.MSG_READ_UNINITIALIZED, 0, 0, []
+            )
+        leader_epoch = entry.leader_epoch
+        # No -1 exemption on read: -1 is fenced by any stored epoch >= 0 (docs/semantics.md §16.7).
+        if state.leader_fence > leader_epoch:
+            return None, _failed_read(key, errors.FENCED_LEADER_EPOCH)
+        if self._unknown_topic_partition(key):
+            return None, _failed_read(key, errors.UNKNOWN_TOPIC_OR_PARTITION)
+        stored = state.state
+        result = ReadPartitionResult(
+            key.partition, 0, None, stored.state_epoch, stored.start_offset, stored.state_batches
+        )
+        if leader_epoch in (-1, state.leader_fence):
+            return None, result
+        # The answer shows the state before this record (docs/semantics.md §5.2).
+        record = self._write_record(key, state, leader_epoch, stored.start_offset, [], -1, True)
+        return record, result
+
+    def write(self, key: ShareKey, entry: WritePartition) -> tuple[Record | None, PartitionResult]:
+        """docs/semantics.md §5.3: fence both epochs (-1 exempt), then exactly one record (§6)."""
+        state = self._keys.get(key)
+        if state is None:
+            return None, PartitionResult(
+                key.partition, errors.INVALID_REQUEST, errors.MSG_WRITE_UNINITIALIZED
+            )
+        leader_epoch = entry.leader_epoch
+        if leader_epoch != -1 and state.leader_fence > leader_epoch:
+            return None, _failed(key, errors.FENCED_LEADER_EPOCH)
+        state_epoch = entry.state_epoch
+        if state_epoch != -1 and state.state_fence is not None and state.state_fence > state_epoch:
+            return None, _failed(key, errors.FENCED_STATE_EPOCH)
+        if self.metadata is not None and self._unknown_topic_partition(key):
+            return None, _failed(key, errors.UNKNOWN_TOPIC_OR_PARTITION)
+        batches = entry.state_batches
+        record = self._write_record(
+            key,
+            state,
+            leader_epoch,
+            entry.start_offset,
+            batches,
+            entry.delivery_complete_count,
+            False,
+            len(batches) < 2 or entry.batches_combined,
+        )
+        return record, PartitionResult(key.partition, 0, None)
+
+    def delete(
+        self, key: ShareKey, entry: DeletePartition | None = None
+    ) -> tuple[Record | None, PartitionResult]:
+        """docs/semantics.md §5.4: metadata first, then a tombstone if there is state;
+        no fencing."""
+        if self._unknown_topic_partition(key):
+            return None, _failed(key, errors.UNKNOWN_TOPIC_OR_PARTITION)
+        if key not in self._keys:
+            return None, PartitionResult(key.partition, 0, None)
+        return ShareTombstone(key), PartitionResult(key.partition, 0, None)
+
+    def read_summary(
+        self, key: ShareKey, entry: ReadSummaryPartition | None = None
+    ) -> tuple[Record | None, ReadSummaryPartitionResult]:
+        """docs/semantics.md §5.5: metadata check only; a key without state is a success."""
+        if self._unknown_topic_partition(key):
+            code = errors.UNKNOWN_TOPIC_OR_PARTITION
+            return None, ReadSummaryPartitionResult(
+                key.partition, code, errors.default_message(code), 0, 0, 0, -1
+            )
+        state = self._keys.get(key)
+        if state is None:
+            return None, ReadSummaryPartitionResult(key.partition, 0, None, 0, 0, -1, -1)
+        stored = state.state
+        return None, ReadSummaryPartitionResult(
+            key.partition,
+            0,
+            None,
+            stored.state_epoch,
+            stored.leader_epoch,
+            stored.start_offset,
+            stored.delivery_complete_count,
+        )
+
+    def admin_state(self, key: ShareKey) -> AdminState | None:
+        """The stored state and fencing maxima of one key (docs/semantics.md §A.1 point 10)."""
+        state = self._keys.get(key)
+        if state is None:
+            return None
+        stored = state.state
+        return AdminState(
+            key.group_id,
+            key.topic_id,
+            key.partition,
+            stored.snapshot_epoch,
+            stored.state_epoch,
+            stored.leader_epoch,
+            stored.start_offset,
+            stored.delivery_complete_count,
+            stored.state_batches,
+            Fencing(state.state_fence, state.leader_fence),
+        )
+
+    # --- maintenance ------------------------------------------------------------------
+
+    def delete_topics(self, topic_ids: frozenset[str]) -> list[Record]:
+        """Kafka's onTopicsDeleted: tombstone every key of these topics, any group."""
+        return [ShareTombstone(key) for key in self._keys if key.topic_id in topic_ids]
+
+    def expire_groups(self, group_ids: frozenset[str]) -> list[Record]:
+        """State retention (docs/semantics.md §A): tombstone every key of these groups."""
+        return [ShareTombstone(key) for key in self._keys if key.group_id in group_ids]
+
+    def cold_snapshots(self) -> list[Record]:
+        """docs/semantics.md §10: re-snapshot states untouched for the cold interval, unless every
+        state was already cold-snapshotted (create != write) since its last snapshot."""
+        states = self._keys
+        already_cold = sum(
+            1 for s in states.values() if s.state.create_timestamp != s.state.write_timestamp
+        )
+        if already_cold == len(states):
+            return []
+        now = self._now_ms()
+        interval = self.config.cold_partition_snapshot_interval_ms
+        snapshots: list[Record] = []
+        for key, state in states.items():
+            stored = state.state
+            if now - stored.write_timestamp >= interval:
+                snapshots.append(
+                    ShareSnapshot(
+                        key,
+                        stored.snapshot_epoch + 1,
+                        stored.state_epoch,
+                        stored.leader_epoch,
+                        stored.start_offset,
+                        stored.create_timestamp,
+                        now,
+                        stored.state_batches,
+                        stored.delivery_complete_count,
+                        state.leader_fence,
+                        _max_state_fence(state, stored.state_epoch),
+                    )
+                )
+        return snapshots
+
+    # --- internals --------------------------------------------------------------------
+
+    def _unknown_topic_partition(self, key: ShareKey) -> bool:
+        if self.metadata is None:
+            return False
+        count = self.metadata.partition_count(key.topic_id)
+        return count is None or count <= key.partition
+
+    def _write_record(
+        self,
+        key: ShareKey,
+        state: KeyState,
+        leader_epoch: int,
+        start_offset: int,
+        state_batches: list[StateBatch],
+        delivery_complete_count: int,
+        update_leader_epoch: bool,
+        batches_combined: bool = False,
+    ) -> Record:
+        """docs/semantics.md §6: a snapshot once the key has had enough updates, else an update.
+
+        A write never moves the epochs: the record keeps the stored leader epoch unless
+        this is a read's leader-epoch bump, and a snapshot keeps the stored state epoch.
+        ``batches_combined``: the batches are already what combining them with nothing
+        gives (sorted, disjoint, no same-info neighbours), so only pruning is left.
+        """
+        current = state.state
+        leader = current.leader_epoch
+        if update_leader_epoch and leader_epoch != -1:
+            leader = leader_epoch
+        count = state.update_count
+        if (0 if count is None else count) >= self.config.records_per_snapshot:
+            start = current.start_offset if start_offset == -1 else start_offset
+            now = self._now_ms()
+            clean = state.batches_clean
+            if clean is None:
+                clean = is_clean(current.state_batches)
+            return ShareSnapshot(
+                key,
+                current.snapshot_epoch + 1,
+                current.state_epoch,
+                leader,
+                start,
+                now,
+                now,
+                merge_batches(current.state_batches, clean, state_batches, start)[0],
+                current.delivery_complete_count
+                if delivery_complete_count == -1
+                else delivery_complete_count,
+                max(state.leader_fence, leader),
+                _max_state_fence(state, current.state_epoch),
+            )
+        if batches_combined:
+            batches = (
+                state_batches if start_offset == -1 else prune_batches(state_batches, start_offset)
+            )
+        else:
+            batches = merge_batches([], True, state_batches, start_offset)[0]
+        return ShareUpdate(
+            key, current.snapshot_epoch, leader, start_offset, batches, delivery_complete_count
+        )
+
+
+def _failed(key: ShareKey, code: int) -> PartitionResult:
+    return PartitionResult(key.partition, code, errors.default_message(code))
+
+
+def _failed_read(key: ShareKey, code: int) -> ReadPartitionResult:
+    return ReadPartitionResult(key.partition, code, errors.default_message(code), 0, 0, [])
