@@ -14,11 +14,12 @@ COPY persistence ./persistence
 COPY server ./server
 COPY client ./client
 COPY spark_jobs ./spark_jobs
-# `pip install .` also installs pyspark==4.0.3 from PyPI (pyproject.toml pins it): a
-# second copy of the Spark 4.0.3 jars beside /opt/spark, kept on purpose so the image
-# installs exactly what pyproject.toml says. `sharecoord compact` runs that pyspark's
-# bin/spark-submit, which runs the Spark of $SPARK_HOME=/opt/spark (the same version).
-RUN python3 -m pip install --no-cache-dir . \
+# The spark extra, as the one-shot jobs run from this image: it also installs
+# pyspark==4.0.3 from PyPI (pyproject.toml pins it), a second copy of the Spark 4.0.3
+# jars beside /opt/spark, kept on purpose so the image installs exactly what
+# pyproject.toml says. `sharecoord compact` runs that pyspark's bin/spark-submit, which
+# runs the Spark of $SPARK_HOME=/opt/spark (the same version).
+RUN python3 -m pip install --no-cache-dir '.[spark]' \
     && rm -rf /opt/sharecoord \
     && mkdir -p /data \
     && chown spark:spark /data

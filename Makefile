@@ -4,38 +4,50 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
+
+# Two installs, a stamp each, both older than pyproject.toml once it changes: `make
+# serve` needs only the daemon's dependencies; the other targets also need the dev tools
+# and the spark extra (pyspark, matplotlib). The full install covers the lean one, so it
+# renews both stamps; after a lean one, the full one still runs.
+CORE_STAMP := $(VENV)/.installed-core
+DEV_STAMP  := $(VENV)/.installed-dev
 
 .PHONY: venv serve test lint bench reliability clean
 
-venv: $(STAMP)
+venv: $(DEV_STAMP)
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
-	@touch $(STAMP)
+
+$(CORE_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(DEV_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	@touch $@ $(CORE_STAMP)
 
 # The embedded default: data in ./data, 50 state partitions, 127.0.0.1:9095.
-serve: venv
+serve: $(CORE_STAMP)
 	$(BIN)/sharecoord serve
 
 # pytest exits 5 when it collected nothing; a suite that ran nothing is not green.
-test: venv
+test: $(DEV_STAMP)
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); treating that as a failure" >&2; exit 1; fi; \
 	exit $$rc
 
-lint: venv
+lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check protocol persistence client spark_jobs
 	$(BIN)/mypy
 
-bench: venv
+bench: $(DEV_STAMP)
 	$(BIN)/python -m bench
 
-reliability: venv
+reliability: $(DEV_STAMP)
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 clean:

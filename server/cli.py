@@ -1,18 +1,22 @@
 """The ``sharecoord`` command (docs/api.md#cli).
 
 Exit codes: 0 ok, 1 a failure found (verify, audit) or an operation failed, 2 usage
-error (bad flags or settings).
+error (bad flags or settings). Every error a user can cause is one line on stderr,
+``sharecoord COMMAND: what is wrong``, never a trace; it is found before anything
+expensive starts (a JVM, a daemon's log).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from persistence import LogError, read_meta
+from server import preflight
 from server.config import (
     AUDIT_SETTINGS,
     COMPACT_SETTINGS,
@@ -27,81 +31,158 @@ from server.config import (
 )
 from spark_jobs import submit
 
+EXIT_FAILURE = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
 
 Command = Callable[[argparse.Namespace], int]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    command: Command | None = getattr(args, "command", None)
-    if command is None:
-        parser.print_help(sys.stderr)
+    args, unknown = parser.parse_known_args(argv)
+    prog: str = args.prog
+    if unknown:  # named by the command they were given to, not by the top-level parser
+        _say(prog, f"unrecognized arguments: {' '.join(unknown)} (see {prog} --help)")
         return EXIT_USAGE
     try:
+        command: Command = args.command
         return command(args)
     except ConfigError as exc:
-        print(f"sharecoord: {exc}", file=sys.stderr)
+        _say(prog, str(exc))
         return EXIT_USAGE
+    except OSError as exc:
+        # What the checks before could not foresee (a disk error, a file gone meanwhile):
+        # the operation failed, said in one line.
+        _say(prog, _os_error_text(exc))
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        _say(prog, "interrupted")
+        return EXIT_INTERRUPTED
+
+
+def _say(prog: str, message: str) -> None:
+    print(f"{prog}: {' '.join(message.split())}", file=sys.stderr)
+
+
+def _os_error_text(exc: OSError) -> str:
+    if exc.filename is not None and exc.strerror:
+        return f"{exc.filename}: {exc.strerror}"
+    return exc.strerror or str(exc)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line (argparse prints the usage first,
+    which for these commands runs to many lines)."""
+
+    def error(self, message: str) -> NoReturn:
+        _say(self.prog, f"{message} (see {self.prog} --help)")
+        sys.exit(EXIT_USAGE)
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed distribution's version, looked up only when asked
+    (reading package metadata scans the environment)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        try:
+            version = importlib.metadata.version("sharecoord")
+        except importlib.metadata.PackageNotFoundError:
+            version = "unknown (run from sources that were never installed)"
+        print(f"sharecoord {version}")
+        parser.exit(0)
+
+
+def _needs_a_command(parser: argparse.ArgumentParser, choices: Sequence[str]) -> Command:
+    def refuse(args: argparse.Namespace) -> int:
+        names = ", ".join(choices[:-1]) + f" or {choices[-1]}" if len(choices) > 1 else choices[0]
+        parser.error(f"a command is needed: {names}")
+
+    return refuse
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="sharecoord",
         description="A standalone share coordinator for KIP-932 share groups.",
     )
+    parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
 
-    serve = commands.add_parser("serve", help="run the daemon")
-    add_arguments(serve, SERVE_SETTINGS)
-    serve.set_defaults(command=_serve)
+    _add_command(commands, "serve", _serve, SERVE_SETTINGS, help="run the daemon")
     _add_spark_commands(commands)
 
     log = commands.add_parser("log", help="read a data directory's state log")
     log_commands = log.add_subparsers(title="log commands", metavar="COMMAND")
-    dump = log_commands.add_parser("dump", help="print every record, readable")
-    add_arguments(dump, LOG_DUMP_SETTINGS)
-    dump.set_defaults(command=_log_dump)
-    verify = log_commands.add_parser(
-        "verify", help="check every frame's CRC and replay every record; exit 1 on damage"
+    _add_command(
+        log_commands, "dump", _log_dump, LOG_DUMP_SETTINGS, help="print every record, readable"
     )
-    add_arguments(verify, LOG_VERIFY_SETTINGS)
-    verify.set_defaults(command=_log_verify)
+    _add_command(
+        log_commands,
+        "verify",
+        _log_verify,
+        LOG_VERIFY_SETTINGS,
+        help="check every frame's CRC and replay every record; exit 1 on damage",
+    )
+    log.set_defaults(command=_needs_a_command(log, ["dump", "verify"]), prog=log.prog)
 
     state = commands.add_parser("state", help="ask a daemon about stored state")
     state_commands = state.add_subparsers(title="state commands", metavar="COMMAND")
-    get = state_commands.add_parser("get", help="print one share-partition's admin state")
-    add_arguments(get, STATE_GET_SETTINGS)
-    get.set_defaults(command=_state_get)
+    _add_command(
+        state_commands,
+        "get",
+        _state_get,
+        STATE_GET_SETTINGS,
+        help="print one share-partition's admin state",
+    )
+    state.set_defaults(command=_needs_a_command(state, ["get"]), prog=state.prog)
+    names = ["serve", "compact", "audit", "log", "state"]
+    parser.set_defaults(command=_needs_a_command(parser, names), prog=parser.prog)
+    return parser
+
+
+def _add_command(
+    subparsers: Any, name: str, command: Command, settings: Sequence[Any], **kwargs: Any
+) -> argparse.ArgumentParser:
+    parser: argparse.ArgumentParser = subparsers.add_parser(name, **kwargs)
+    add_arguments(parser, settings)
+    parser.set_defaults(command=command, prog=parser.prog)
     return parser
 
 
 def _add_spark_commands(subparsers: Any) -> None:
     """Add `compact` and `audit` to the `sharecoord` command's subparsers."""
-    compact = subparsers.add_parser(
+    _add_command(
+        subparsers,
         "compact",
+        run_compact,
+        COMPACT_SETTINGS,
         help="compact the state log with Spark: one ShareSnapshot per live key",
         description="Fold each state partition's sealed segments into one ShareSnapshot "
         "per live key and commit them (or leave them to the running daemon).",
     )
-    add_arguments(compact, COMPACT_SETTINGS)
-    compact.set_defaults(command=run_compact)
-    audit = subparsers.add_parser(
+    _add_command(
+        subparsers,
         "audit",
+        run_audit,
+        AUDIT_SETTINGS,
         help="audit delivery counts with Spark; exit 1 if violations are found",
         description="Replay the whole state log and report delivery-count histograms, "
         "the most redelivered offsets and violations (JSON, Parquet, PNG, HTML).",
     )
-    add_arguments(audit, AUDIT_SETTINGS)
-    audit.set_defaults(command=run_audit)
+
+
+# What each Spark job imports beyond the core install (the `spark` extra).
+_SPARK_MODULES = {"compact": ("pyspark",), "audit": ("pyspark", "matplotlib")}
 
 
 def run_compact(args: argparse.Namespace) -> int:
     values = load_settings(COMPACT_SETTINGS, args)
-    data_dir = _checked_data_dir("compact", values["data_dir"])
-    if data_dir is None:
-        return EXIT_USAGE
+    data_dir = _checked_data_dir(values["data_dir"])
+    _check_spark("compact")
     job_args = ["--data-dir", data_dir]
     job_args += ["--tombstone-retention-ms", str(values["tombstone_retention_ms"])]
     return submit.run_job("compact", values["master"], job_args)
@@ -109,38 +190,75 @@ def run_compact(args: argparse.Namespace) -> int:
 
 def run_audit(args: argparse.Namespace) -> int:
     values = load_settings(AUDIT_SETTINGS, args, required=("out",))
-    data_dir = _checked_data_dir("audit", values["data_dir"])
-    if data_dir is None:
-        return EXIT_USAGE
-    job_args = ["--data-dir", data_dir, "--out", os.path.abspath(values["out"])]
+    data_dir = _checked_data_dir(values["data_dir"])
+    out = os.path.abspath(values["out"])
+    _check_spark("audit")
+    # Last, as it makes the directory: only once nothing else stands in the way.
+    _refuse(preflight.writable_directory(out, "--out"))
+    job_args = ["--data-dir", data_dir, "--out", out]
     job_args += ["--delivery-limit", str(values["delivery_limit"])]
     return submit.run_job("audit", values["master"], job_args)
 
 
-def _checked_data_dir(command: str, data_dir: str) -> str | None:
-    """The data directory as an absolute path (executors may run elsewhere), or None
-    after saying why it is not one."""
+def _checked_data_dir(data_dir: str) -> str:
+    """The data directory as an absolute path (executors may run elsewhere); a
+    ConfigError says why it is not one."""
+    _refuse(preflight.data_directory_problem(data_dir, created_if_missing=False))
     try:
         read_meta(data_dir)
     except LogError as exc:
-        print(f"sharecoord {command}: {exc}", file=sys.stderr)
-        return None
+        raise ConfigError(str(exc)) from None
+    except OSError as exc:
+        raise ConfigError(f"--data-dir {data_dir}: {_os_error_text(exc)}") from None
     return os.path.abspath(data_dir)
 
 
-def _serve(args: argparse.Namespace) -> int:
-    config = load_serve_config(args, os.environ)
-    from server.daemon import run_server
-    from server.logs import setup_logging
+def _check_spark(command: str) -> None:
+    """pyspark (and what the job imports) installed, and a java for its JVM: checked
+    here, in an instant, instead of by a JVM that fails seconds later."""
+    _refuse(preflight.missing_modules(_SPARK_MODULES[command], f"sharecoord {command}"))
+    _refuse(preflight.java_problem(os.environ))
 
-    setup_logging(config.log_level, config.log_format)
+
+def _refuse(problem: str | None) -> None:
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    try:
+        config = load_serve_config(args, os.environ)
+        _refuse(preflight.data_directory_problem(config.data_dir, created_if_missing=True))
+    except ConfigError as exc:
+        if not _json_logs_asked(args):
+            raise
+        # A supervisor reading JSON lines gets this one as JSON too.
+        from server.logs import json_line
+
+        print(json_line("sharecoord.cli", "error", str(exc), exit_code=EXIT_USAGE), file=sys.stderr)
+        return EXIT_USAGE
+    from server.daemon import run_server
+    from server.logs import setup_daemon_logging
+
+    setup_daemon_logging(config.log_level, config.log_format)
     return run_server(config)
+
+
+def _json_logs_asked(args: argparse.Namespace) -> bool:
+    """Whether --log-format (flag, env or file) says json, when the whole configuration
+    could not be loaded."""
+    (log_format,) = (s for s in SERVE_SETTINGS if s.name == "log_format")
+    try:
+        return bool(load_settings((log_format,), args)["log_format"] == "json")
+    except ConfigError:
+        return False
 
 
 def _log_dump(args: argparse.Namespace) -> int:
     from server.tools import log_dump
 
     values = load_settings(LOG_DUMP_SETTINGS, args)
+    _refuse(preflight.data_directory_problem(values["data_dir"], created_if_missing=False))
     return log_dump(values["data_dir"], values["partition"], values["json"])
 
 
@@ -166,6 +284,7 @@ def _state_get(args: argparse.Namespace) -> int:
         cacert=values["cacert"],
         cert=values["cert"],
         key=values["key"],
+        timeout_s=values["timeout_s"],
     )
 
 

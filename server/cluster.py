@@ -40,6 +40,10 @@ else:  # Python 3.10
 
 _RANGE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
 _INT32_MAX = 2**31 - 1
+# The most state partitions a data directory or a cluster may have (``--partitions``
+# documents why). Checked before anything is sized by the count: a map of owners, a
+# runtime per partition.
+MAX_PARTITIONS = 10_000
 _FILE_KEYS = frozenset({"num_partitions", "node"})
 _NODE_KEYS = frozenset({"id", "host", "port", "partitions"})
 
@@ -113,6 +117,10 @@ def load_cluster(path: str) -> ClusterMap:
         raise ClusterError(f"cluster file {path}: cannot read it: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ClusterError(f"cluster file {path}: not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # tomllib decodes before it parses
+        raise ClusterError(
+            f"cluster file {path}: not valid TOML: not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from exc
     try:
         return _parse_cluster(document)
     except ClusterError as exc:
@@ -181,8 +189,10 @@ def _parse_cluster(document: dict[str, Any]) -> ClusterMap:
     if "num_partitions" not in document:
         raise ClusterError("num_partitions is missing")
     num_partitions = document["num_partitions"]
-    if not _is_int(num_partitions) or num_partitions < 1:
-        raise ClusterError(f"num_partitions must be an integer >= 1, got {num_partitions!r}")
+    if not _is_int(num_partitions) or not 1 <= num_partitions <= MAX_PARTITIONS:
+        raise ClusterError(
+            f"num_partitions must be an integer 1..{MAX_PARTITIONS}, got {num_partitions!r}"
+        )
     tables = document.get("node")
     if not isinstance(tables, list) or not tables:
         raise ClusterError("no [[node]] tables: a cluster has at least one node")

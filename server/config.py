@@ -24,13 +24,22 @@ import difflib
 import ipaddress
 import math
 import os
+import re
 import sys
+import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from protocol.shard import MAX_RECORDS_PER_SNAPSHOT
-from server.cluster import ClusterError, ClusterMap, check_partition_count, load_cluster
+from protocol.topic_id import canonical_topic_id
+from server.cluster import (
+    MAX_PARTITIONS,
+    ClusterError,
+    ClusterMap,
+    check_partition_count,
+    load_cluster,
+)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -148,6 +157,51 @@ def parse_listen(text: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+def parse_url(text: str) -> str:
+    """A daemon's base URL: ``http(s)://HOST[:PORT]``, or ``HOST:PORT`` meaning
+    ``http://HOST:PORT`` (what ``--listen`` takes). Anything else is refused here, before
+    a connection is tried: another scheme would only time out or fail obscurely."""
+    text = text.strip()
+    if "://" not in text:
+        try:
+            parse_listen(text)
+        except ValueError:
+            raise ValueError("expected http://HOST:PORT, https://HOST:PORT or HOST:PORT") from None
+        text = "http://" + text
+    try:
+        parts = urllib.parse.urlsplit(text)
+        port = parts.port  # parsed lazily: a bad port raises here
+    except ValueError as exc:
+        raise ValueError(f"not a URL ({exc})") from None
+    if parts.scheme.lower() not in ("http", "https"):
+        raise ValueError(f"the scheme must be http or https, not {parts.scheme}")
+    if not parts.hostname:
+        raise ValueError("the URL names no host")
+    if port == 0:
+        raise ValueError("port 0 cannot be connected to")
+    if parts.query or parts.fragment:
+        raise ValueError("a base URL has no query or fragment")
+    return text.rstrip("/")
+
+
+# Masters spark-submit accepts (Spark's SparkSubmitArguments / SparkContext): local
+# ones, standalone clusters (several masters for HA), YARN and Kubernetes.
+_SPARK_MASTER = re.compile(
+    r"local(\[(\*|[1-9][0-9]*)(,[1-9][0-9]*)?\])?"
+    r"|local-cluster\[[1-9][0-9]*,[1-9][0-9]*,[1-9][0-9]*\]"
+    r"|spark://[^\s,:/]+:[0-9]+(,[^\s,:/]+:[0-9]+)*"
+    r"|yarn"
+    r"|k8s://\S+"
+)
+
+
+def parse_spark_master(text: str) -> str:
+    master = text.strip()
+    if not _SPARK_MASTER.fullmatch(master):
+        raise ValueError("expected local, local[*], local[N], spark://HOST:PORT, yarn or k8s://URL")
+    return master
+
+
 # --- validators (value -> None or ValueError) ------------------------------------------
 
 
@@ -188,6 +242,10 @@ def _positive(value: Any) -> None:
 def _non_empty(value: Any) -> None:
     if not value.strip():
         raise ValueError("must not be empty")
+
+
+def _topic_id(value: Any) -> None:
+    canonical_topic_id(value)  # its ValueError says what a topic id looks like
 
 
 def _listen(value: Any) -> None:
@@ -232,8 +290,11 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         "partitions",
         50,
         "Number of state partitions. Fixed for a data directory once created; in a "
-        "cluster it must equal the cluster file's num_partitions.",
-        at_least(1),
+        f"cluster it must equal the cluster file's num_partitions. At most {MAX_PARTITIONS}: "
+        "Kafka writes down no limit, but each state partition costs a directory, a log "
+        "to load at start and its own metric series, while one event loop serves them "
+        "all, so more buys nothing; the bound also catches a typo before it is sized.",
+        between(1, MAX_PARTITIONS),
         kafka_name="share.coordinator.state.topic.num.partitions",
     ),
     Setting(
@@ -360,6 +421,15 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         one_of(*LOG_FORMATS),
         metavar="FORMAT",
     ),
+    Setting(
+        "access_log",
+        False,
+        "Log one line per request (method, path, status, partition entries of an RPC, "
+        "milliseconds) at info; without it the lines come at debug only. When they "
+        "would not be printed, nothing of the access log runs per request.",
+        parse_bool,
+        _anything,
+    ),
 )
 
 
@@ -370,16 +440,12 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
 _DATA_DIR = SERVE_SETTINGS[0]
 
 
-def _text(name: str, doc: str, metavar: str = "TEXT") -> Setting:
-    return Setting(name, None, doc, str, _anything, metavar=metavar)
-
-
 _MASTER = Setting(
     "master",
     "local[*]",
     "Spark master URL: local[*] (the embedded default) or spark://host:7077, yarn, ...",
-    str.strip,
-    _non_empty,
+    parse_spark_master,
+    _anything,
     metavar="URL",
 )
 
@@ -424,10 +490,34 @@ LOG_DUMP_SETTINGS: tuple[Setting, ...] = (
 LOG_VERIFY_SETTINGS: tuple[Setting, ...] = (_DATA_DIR,)
 
 STATE_GET_SETTINGS: tuple[Setting, ...] = (
-    _text("url", "Base URL of a daemon, e.g. http://127.0.0.1:9095; required.", "URL"),
-    _text("group", "Group id; required.", "G"),
-    _text("topic", "Topic id (22-char or RFC 4122 form); required.", "T"),
-    Setting("partition", None, "Partition; required.", parse_int, _anything, metavar="P"),
+    Setting(
+        "url",
+        None,
+        "Base URL of a daemon, e.g. http://127.0.0.1:9095 (HOST:PORT means http); required.",
+        parse_url,
+        _anything,
+        metavar="URL",
+    ),
+    Setting("group", None, "Group id; required.", str, _non_empty, metavar="G"),
+    Setting(
+        "topic", None, "Topic id (22-char or RFC 4122 form); required.", str, _topic_id, metavar="T"
+    ),
+    Setting(
+        "partition",
+        None,
+        "Partition; required.",
+        parse_int,
+        between(0, _INT32_MAX),
+        metavar="P",
+    ),
+    Setting(
+        "timeout_s",
+        10.0,
+        "Seconds to wait for the daemon to accept the connection and to answer.",
+        parse_float,
+        _positive,
+        metavar="SECONDS",
+    ),
     _file("token_file", "File holding the bearer token."),
     _file("cacert", "CA certificate (PEM) to verify the daemon's TLS certificate."),
     _file("cert", "Client certificate (PEM) for mutual TLS."),
@@ -489,6 +579,7 @@ class ServeConfig:
     shutdown_timeout_s: float
     log_level: str
     log_format: str
+    access_log: bool
     host: str
     port: int
     cluster_map: ClusterMap
@@ -650,6 +741,10 @@ def _read_config_file(path: str, settings: Sequence[Setting]) -> dict[str, Any]:
         raise ConfigError(f"config file {path}: cannot read it: {exc.strerror or exc}") from exc
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: not valid TOML: {exc}") from exc
+    except UnicodeDecodeError as exc:  # tomllib decodes before it parses
+        raise ConfigError(
+            f"config file {path}: not valid TOML: not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from exc
     # Keys of any command's settings are allowed (one file serves several commands);
     # anything else is a typo and refused.
     known = {s.name for s in _ALL_SETTINGS} | {s.name for s in settings}

@@ -2,7 +2,12 @@
 
 Shutdown order: stop listening, let the requests in flight finish (up to
 ``shutdown_timeout_s``), then the app's cleanup context stops the jobs, commits
-what is left and closes the log. Exit 0.
+what is left and closes the log. Exit 0. The last line logged says how many requests
+were drained and whether the final commit made every appended record durable.
+
+Once listening, it prints ``sharecoord listening on URL`` on stdout (tests and tools
+wait for that line); with ``--log-format json`` that line is a JSON record instead,
+``"msg": "listening"`` with ``url``, ``host`` and ``port``.
 """
 
 from __future__ import annotations
@@ -13,16 +18,18 @@ import os
 import signal
 import ssl
 import sys
+from collections.abc import Awaitable, Callable
 
 import uvloop
 from aiohttp import web
 
-from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
+from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError, StateLog
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
 from server.config import ServeConfig
 from server.connection import ApiAppRunner
 from server.http import COORDINATOR, create_app
+from server.logs import json_line, log_event
 from server.security import SecurityError, load_token, server_ssl_context
 
 _log = logging.getLogger("sharecoord.daemon")
@@ -48,8 +55,7 @@ def run_server(config: ServeConfig) -> int:
         )
     except SecurityError as exc:
         # A token or TLS file that cannot be used is a usage error, as a bad flag is.
-        print(f"sharecoord serve: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return _fail(config, str(exc), EXIT_USAGE)
     fs: FileOps | None = None
     if os.environ.get(FAILPOINTS_ENV):
         # Fault injection for the reliability suite; never set in production.
@@ -62,8 +68,56 @@ def run_server(config: ServeConfig) -> int:
         # The data directory is locked by another process, was made for another
         # partition count or holds an unreadable topic catalog, or the address is taken:
         # say so plainly, no trace.
-        print(f"sharecoord serve: {exc}", file=sys.stderr)
-        return EXIT_FAILURE
+        return _fail(config, str(exc), EXIT_FAILURE)
+    except OSError as exc:
+        # The data directory cannot be made or opened (permissions, a full or read-only
+        # disk, too many open files): the operation failed, said in one line.
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        problem = f"{where}{exc.strerror or exc}"
+        return _fail(config, f"data directory {config.data_dir}: {problem}", EXIT_FAILURE)
+
+
+def _fail(config: ServeConfig, message: str, code: int) -> int:
+    """The one line saying why the daemon cannot run, in the log format asked for."""
+    if config.log_format == "json":
+        print(json_line(_log.name, "error", message, exit_code=code), file=sys.stderr)
+    else:
+        print(f"sharecoord serve: {message}", file=sys.stderr)
+    return code
+
+
+Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+class _InFlight:
+    """Counts the requests being handled, to say at shutdown how many were drained.
+
+    It wraps the server's request handler rather than being an app middleware: one
+    counter and one call frame per request, outside the app's middleware chain."""
+
+    def __init__(self) -> None:
+        self.active = 0
+        self.stopping = False
+        self.drained = 0
+        self.cut_off = 0
+
+    def wrap(self, handler: Handler) -> Handler:
+        async def counted(request: web.BaseRequest) -> web.StreamResponse:
+            self.active += 1
+            answered = False
+            try:
+                response = await handler(request)
+                answered = True
+                return response
+            finally:
+                self.active -= 1
+                if self.stopping:
+                    if answered:
+                        self.drained += 1
+                    else:  # cancelled at the end of --shutdown-timeout-s, or failed
+                        self.cut_off += 1
+
+        return counted
 
 
 async def _serve(
@@ -84,6 +138,9 @@ async def _serve(
         keepalive_timeout=config.request_timeout_s,
     )
     await runner.setup()
+    in_flight = _InFlight()
+    assert runner.server is not None  # setup() made it
+    runner.server.request_handler = in_flight.wrap(runner.server.request_handler)
     try:
         site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
         try:
@@ -98,14 +155,53 @@ async def _serve(
             # --listen with port 0: advertise the port actually bound.
             coordinator.rebind(ClusterMap.single(config.node_id, host, port, config.partitions))
         scheme = "https" if ssl_context else "http"
-        _log.info("listening on %s://%s:%d", scheme, host, port)
-        print(f"sharecoord listening on {scheme}://{host}:{port}", flush=True)
+        url = f"{scheme}://{host}:{port}"
+        log_event(_log, "info", "listening", url=url)
+        if config.log_format == "json":
+            print(json_line(_log.name, "info", "listening", url=url, host=host, port=port))
+        else:
+            print(f"sharecoord listening on {url}")
+        sys.stdout.flush()
         await stop.wait()
-        _log.info("stopping: no new connections; finishing the requests in flight")
+        in_flight.stopping = True
+        log_event(
+            _log,
+            "info",
+            "stopping: no new connections; finishing the requests in flight",
+            in_flight=in_flight.active,
+        )
     finally:
         await runner.cleanup()
-    _log.info("stopped")
+    # The cleanup context ran the final commit and closed the log; what it left behind
+    # says whether that commit covered everything.
+    not_durable = _not_durable(app[COORDINATOR].log)
+    if not_durable:
+        log_event(
+            _log,
+            "warning",
+            "stopped; the final commit left records that are not durable",
+            drained=in_flight.drained,
+            cut_off=in_flight.cut_off,
+            final_commit="incomplete",
+            partitions=not_durable,
+        )
+    else:
+        log_event(
+            _log,
+            "info",
+            "stopped",
+            drained=in_flight.drained,
+            cut_off=in_flight.cut_off,
+            final_commit="done",
+        )
     return EXIT_OK
+
+
+def _not_durable(log: StateLog | None) -> list[int]:
+    """The state partitions whose log ends past its last fsync (only a failed one can)."""
+    if log is None:
+        return []
+    return [p.partition for p in log.partitions if p.durable_end_offset < p.log_end_offset]
 
 
 def _bound_address(runner: web.AppRunner, config: ServeConfig) -> tuple[str, int]:

@@ -32,6 +32,7 @@ from protocol.messages import (
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
+from server.access_log import access_log_middleware
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
@@ -674,6 +675,9 @@ def create_app(
         handler_args={"auto_decompress": False},
     )
     app[COORDINATOR] = coordinator
+    # The access log (server/access_log.py): first in the chain, absent when off.
+    if (access_log := access_log_middleware(config)) is not None:
+        app.middlewares.insert(0, access_log)
     app.cleanup_ctx.append(coordinator_ctx)
     for path, rpc_name in _RPC_PATHS.items():
         app.router.add_post(path, _rpc_handler(Rpc(rpc_name), coordinator))

@@ -13,6 +13,10 @@ Fields come from ``log_event(logger, "info", "loaded", partition=3)`` or from th
 standard ``extra={"partition": 3}``. Modules log to ``logging.getLogger("sharecoord.<x>")``
 and need nothing from here; ``setup_logging`` is called once by the CLI (again is
 harmless: it replaces its own handler, never adds a second).
+
+The daemon (``setup_daemon_logging``) also sends its libraries' loggers and Python's
+warnings through the same format, and in JSON mode an uncaught exception too: a process
+started with ``--log-format json`` prints nothing that is not a JSON line.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from types import TracebackType
 from typing import Any, TextIO
 
 LOGGER_NAME = "sharecoord"
@@ -33,6 +39,8 @@ LEVELS = {
 }
 FORMATS = ("text", "json")
 _JSON_KEYS = ("ts", "level", "logger", "msg", "exc", "stack")
+# What the daemon runs on, and Python's warnings: their lines come out in its format too.
+DAEMON_LOGGERS = ("aiohttp", "asyncio", "py.warnings")
 _FIELDS = "sharecoord_fields"  # the LogRecord attribute log_event puts its fields in
 _RECORD_ATTRS = frozenset(
     logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys() | {"message", "asctime", _FIELDS}
@@ -68,6 +76,44 @@ def setup_logging(
         # Our handler is the one that writes; the root logger must not print it again.
         logger.propagate = False
     return logging.getLogger(LOGGER_NAME)
+
+
+def setup_daemon_logging(level: str, fmt: str, *, stream: TextIO | None = None) -> logging.Logger:
+    """``setup_logging`` for ``sharecoord serve``: the libraries' loggers and warnings
+    too, and in JSON mode uncaught exceptions as JSON records (with the trace in
+    ``exc``) instead of a bare trace."""
+    logging.captureWarnings(True)
+    logger = setup_logging(level, fmt, stream=stream, other_loggers=DAEMON_LOGGERS)
+    if fmt == "json":
+        sys.excepthook = _log_uncaught
+        threading.excepthook = _log_uncaught_in_thread
+    return logger
+
+
+def _log_uncaught(
+    kind: type[BaseException], value: BaseException, trace: TracebackType | None
+) -> None:
+    logging.getLogger(LOGGER_NAME).critical("uncaught exception", exc_info=(kind, value, trace))
+
+
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_value is None or isinstance(args.exc_value, SystemExit):
+        return
+    thread = args.thread.name if args.thread is not None else "?"
+    logging.getLogger(LOGGER_NAME).critical(
+        "uncaught exception in thread %s",
+        thread,
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback),
+    )
+
+
+def json_line(logger: str, level: str, msg: str, /, **fields: Any) -> str:
+    """One JSON log line as ``JsonFormatter`` writes it, for what is printed without a
+    configured logger (the "listening" line on stdout, an error before logging is set
+    up)."""
+    record = logging.LogRecord(logger, LEVELS[level], "", 0, msg, (), None)
+    setattr(record, _FIELDS, fields)
+    return JsonFormatter().format(record)
 
 
 def log_event(

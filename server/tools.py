@@ -8,8 +8,10 @@ incomplete tail, not as damage).
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
+import socket
 import ssl
 import sys
 import urllib.error
@@ -31,7 +33,7 @@ from protocol.records import (
     ShareUpdate,
 )
 from protocol.replay import ShareStateMap
-from server.security import client_ssl_context
+from server.security import SecurityError, client_ssl_context, load_token
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
@@ -48,6 +50,9 @@ def log_dump(data_dir: str, partition: int | None, as_json: bool, out: TextIO = 
         num_partitions = int(read_meta(data_dir)["num_partitions"])
     except LogError as exc:
         print(f"sharecoord log dump: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # a meta that is a directory, or cannot be read
+        print(f"sharecoord log dump: --data-dir {data_dir}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     if partition is not None and not 0 <= partition < num_partitions:
         print(
@@ -229,30 +234,57 @@ def state_get(
     cacert: str | None = None,
     cert: str | None = None,
     key: str | None = None,
+    timeout_s: float = 10.0,
     out: TextIO = sys.stdout,
 ) -> int:
+    """``url`` is an http(s) base URL (``config.parse_url`` checked it)."""
     query = urllib.parse.urlencode({"group_id": group, "topic_id": topic, "partition": partition})
     request = urllib.request.Request(
         f"{url.rstrip('/')}/v1/admin/state?{query}", headers={"Accept": "application/json"}
     )
-    if token_file is not None:
-        with open(token_file, encoding="utf-8") as f:
-            request.add_header("Authorization", f"Bearer {f.read().strip()}")
     context: ssl.SSLContext | None = None
-    if url.startswith("https:"):
-        context = client_ssl_context(cacert, cert, key)
     try:
-        with urllib.request.urlopen(request, context=context, timeout=30) as response:
-            body = json.loads(response.read())
+        if token_file is not None:
+            request.add_header("Authorization", f"Bearer {load_token(token_file).decode()}")
+        if url.lower().startswith("https:"):
+            context = client_ssl_context(cacert, cert, key)
+    except SecurityError as exc:
+        print(f"sharecoord state get: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=timeout_s) as response:
+            raw = response.read()
     except urllib.error.HTTPError as exc:
         print(f"sharecoord state get: HTTP {exc.code}: {_error_text(exc)}", file=sys.stderr)
         return EXIT_FAILURE
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        print(f"sharecoord state get: cannot reach {url}: {exc}", file=sys.stderr)
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
+        print(f"sharecoord state get: {_unreachable(url, exc, timeout_s)}", file=sys.stderr)
+        return EXIT_FAILURE
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        print(f"sharecoord state get: {url} answered, but not with JSON", file=sys.stderr)
         return EXIT_FAILURE
     out.write(json.dumps(body, indent=2))
     out.write("\n")
     return EXIT_OK
+
+
+def _unreachable(url: str, exc: Exception, timeout_s: float) -> str:
+    """Why a request got no HTTP answer, in one line."""
+    reason: object = exc.reason if isinstance(exc, urllib.error.URLError) else exc
+    if isinstance(reason, TimeoutError):
+        return f"no answer from {url} within {timeout_s:g} s (--timeout-s)"
+    if isinstance(reason, ConnectionRefusedError):
+        return f"cannot reach {url}: connection refused (is the daemon running, listening there?)"
+    if isinstance(reason, socket.gaierror):
+        return f"cannot reach {url}: its host name does not resolve ({reason.strerror})"
+    if isinstance(reason, ssl.SSLError):
+        return f"cannot reach {url}: TLS failed: {reason.reason or reason}"
+    if isinstance(reason, http.client.HTTPException):
+        return f"{url} did not answer in HTTP ({type(reason).__name__}); is that the right port?"
+    text = reason.strerror if isinstance(reason, OSError) and reason.strerror else str(reason)
+    return f"cannot reach {url}: {text}"
 
 
 def _error_text(exc: urllib.error.HTTPError) -> str:

@@ -181,6 +181,12 @@ def test_port_boundaries_1_and_65535_are_accepted(tmp_path):
     [
         ("num_partitions = 0\n[[node]]\nid=0\nhost='h'\nport=1\npartitions=[]", "num_partitions"),
         ('num_partitions = "5"', "num_partitions must be an integer"),
+        # Refused before anything is sized by it (the owners of 10^8 partitions).
+        (
+            "num_partitions = 100000000\n[[node]]\nid=0\nhost='h'\nport=1\n"
+            "partitions=['0-99999999']",
+            r"num_partitions must be an integer 1\.\.10000",
+        ),
         ("[[node]]\nid=0\nhost='h'\nport=1\npartitions=[0]", "num_partitions is missing"),
         ("num_partitions = 1", r"no \[\[node\]\] tables"),
         ("num_partitions = 1\nnode = 5", r"no \[\[node\]\] tables"),
@@ -198,6 +204,13 @@ def test_malformed_file_is_refused_naming_the_problem(tmp_path, text, problem):
     with pytest.raises(ClusterError, match=problem) as info:
         load_cluster(path)
     assert path in str(info.value)
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    path = tmp_path / "cluster.toml"
+    path.write_bytes("num_partitions = 1 # caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ClusterError, match=r"cluster\.toml: not valid TOML: not UTF-8"):
+        load_cluster(str(path))
 
 
 def test_unreadable_file_is_refused_naming_it(tmp_path):

@@ -19,6 +19,8 @@ from server.config import (
     load_serve_config,
     parse_bool,
     parse_listen,
+    parse_spark_master,
+    parse_url,
     resolve,
 )
 
@@ -98,6 +100,7 @@ def test_config_file_comes_from_config_flag_or_env(tmp_path):
 
 ACCEPTED = [
     ("partitions", "1", 1),
+    ("partitions", "10000", 10000),
     ("max_body_bytes", "1024", 1024),
     ("max_entries_per_request", "1", 1),
     ("max_state_batches_per_entry", "1", 1),
@@ -124,7 +127,8 @@ ACCEPTED = [
 ]
 
 REJECTED = [
-    ("partitions", "0", "must be >= 1"),
+    ("partitions", "0", "must be between 1 and 10000"),
+    ("partitions", "10001", "must be between 1 and 10000"),
     ("partitions", "many", "expected an integer"),
     ("partitions", "1.5", "expected an integer"),
     ("max_body_bytes", "1023", "must be >= 1024"),
@@ -174,7 +178,8 @@ def test_validator_rejects_past_its_boundary_naming_setting_and_source(name, tex
 
 def test_rejected_flag_names_the_flag():
     with pytest.raises(
-        ConfigError, match=r"partitions: must be >= 1; got '0' from flag --partitions"
+        ConfigError,
+        match=r"partitions: must be between 1 and 10000; got '0' from flag --partitions",
     ):
         resolved("--partitions", "0")
 
@@ -183,9 +188,8 @@ def test_rejected_file_key_names_the_key_and_the_file(tmp_path):
     file = config_file(tmp_path, "partitions = 0")
     with pytest.raises(ConfigError) as info:
         resolved(file=file)
-    assert (
-        str(info.value)
-        == f"partitions: must be >= 1; got 0 from key partitions in config file {file}"
+    assert str(info.value) == (
+        f"partitions: must be between 1 and 10000; got 0 from key partitions in config file {file}"
     )
 
 
@@ -230,6 +234,13 @@ def test_file_with_bad_toml_is_rejected_naming_it(tmp_path):
     file = config_file(tmp_path, "partitions = = 5")
     with pytest.raises(ConfigError, match=r"sharecoord\.toml: not valid TOML"):
         resolved(file=file)
+
+
+def test_file_that_is_not_utf8_is_rejected_naming_it(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes("data_dir = 'caf\xe9'\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1\.toml: not valid TOML: not UTF-8"):
+        resolved(file=str(path))
 
 
 def test_missing_file_is_rejected_naming_it(tmp_path):
@@ -486,3 +497,57 @@ def test_describe_settings_is_a_markdown_row_per_setting():
         "`share.coordinator.state.topic.segment.bytes` | "
     )
     assert all(line.count(" | ") == 5 for line in lines)
+
+
+# --- the other commands' values ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "url"),
+    [
+        ("http://127.0.0.1:9095", "http://127.0.0.1:9095"),
+        ("https://coord.example:443/", "https://coord.example:443"),
+        ("HTTP://h", "HTTP://h"),
+        ("localhost:9095", "http://localhost:9095"),
+        ("[::1]:9095", "http://[::1]:9095"),
+        (" 10.0.0.1:80 ", "http://10.0.0.1:80"),
+    ],
+)
+def test_url_takes_http_urls_and_host_port(text, url):
+    assert parse_url(text) == url
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("not-a-url", "expected http://HOST:PORT"),
+        ("localhost", "expected http://HOST:PORT"),
+        ("ftp://h:21", "scheme must be http or https, not ftp"),
+        ("file:///etc/passwd", "scheme must be http or https"),
+        ("http://h:99999", "not a URL"),
+        ("http://[::1", "not a URL"),
+        ("http://", "names no host"),
+        ("http://h:0", "port 0"),
+        ("http://h:1/?x=1", "no query"),
+    ],
+)
+def test_url_refuses_what_cannot_reach_a_daemon(text, problem):
+    with pytest.raises(ValueError, match=problem):
+        parse_url(text)
+
+
+@pytest.mark.parametrize(
+    "master",
+    ["local", "local[*]", "local[4]", "local[2,3]", "local-cluster[2,1,1024]",
+     "spark://m:7077", "spark://m1:7077,m2:7077", "yarn", "k8s://https://k:6443"],
+)  # fmt: skip
+def test_spark_master_takes_what_spark_submit_takes(master):
+    assert parse_spark_master(f" {master} ") == master
+
+
+@pytest.mark.parametrize(
+    "master", ["", "bogus://x", "spark://m", "m:7077", "local[0]", "local[]", "yarn cluster"]
+)
+def test_spark_master_refuses_the_rest(master):
+    with pytest.raises(ValueError, match=r"expected local, local\[\*\]"):
+        parse_spark_master(master)

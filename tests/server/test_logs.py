@@ -6,11 +6,14 @@ import io
 import json
 import logging
 import re
+import sys
+import threading
+import warnings
 from collections.abc import Iterator
 
 import pytest
 
-from server.logs import log_event, setup_logging
+from server.logs import DAEMON_LOGGERS, json_line, log_event, setup_daemon_logging, setup_logging
 
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (\S+) (\S+) (.*)$")
 
@@ -19,10 +22,13 @@ TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (\S+) (\S+) (.*
 def restore_loggers() -> Iterator[None]:
     """Each test configures logging afresh; put the loggers back as they were after."""
     saved = {}
-    for name in ("sharecoord", "other.lib"):
+    for name in ("sharecoord", "other.lib", *DAEMON_LOGGERS):
         logger = logging.getLogger(name)
         saved[name] = (list(logger.handlers), logger.level, logger.propagate)
+    hooks = (sys.excepthook, threading.excepthook)
     yield
+    logging.captureWarnings(False)
+    sys.excepthook, threading.excepthook = hooks
     for name, (handlers, level, propagate) in saved.items():
         logger = logging.getLogger(name)
         logger.handlers[:] = handlers
@@ -195,3 +201,54 @@ def test_other_loggers_can_share_the_format():
 def test_unknown_level_or_format_is_refused(level, fmt):
     with pytest.raises(ValueError, match="must be one of"):
         setup_logging(level, fmt)
+
+
+# --- the daemon's setup: nothing it prints in JSON mode is anything but JSON ---------------
+
+
+def test_the_daemon_s_libraries_and_warnings_log_in_its_format():
+    stream = io.StringIO()
+    setup_daemon_logging("info", "json", stream=stream)
+    logging.getLogger("aiohttp.server").error("Error handling request")
+    logging.getLogger("asyncio").warning("Task was destroyed but it is pending!")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")  # the suite turns warnings into errors
+        warnings.warn("a library complains", UserWarning, stacklevel=1)
+    events = json_lines(stream)
+    assert [e["logger"] for e in events] == ["aiohttp.server", "asyncio", "py.warnings"]
+    assert "a library complains" in events[2]["msg"]
+
+
+def test_in_json_mode_an_uncaught_exception_is_a_json_record():
+    stream = io.StringIO()
+    setup_daemon_logging("info", "json", stream=stream)
+    try:
+        raise RuntimeError("escaped")
+    except RuntimeError as exc:
+        sys.excepthook(RuntimeError, exc, exc.__traceback__)
+    thread = threading.Thread(target=lambda: 1 / 0, name="worker")
+    thread.start()
+    thread.join()
+    first, second = json_lines(stream)
+    assert (first["level"], first["msg"]) == ("critical", "uncaught exception")
+    assert "RuntimeError: escaped" in first["exc"]
+    assert second["msg"] == "uncaught exception in thread worker"
+    assert "ZeroDivisionError" in second["exc"]
+
+
+def test_in_text_mode_uncaught_exceptions_keep_python_s_own_report():
+    before = sys.excepthook
+    setup_daemon_logging("info", "text", stream=io.StringIO())
+    assert sys.excepthook is before
+
+
+def test_json_line_is_what_the_json_format_writes():
+    record = json.loads(json_line("sharecoord.daemon", "info", "listening", url="http://h:1"))
+    assert record == {
+        "ts": record["ts"],
+        "level": "info",
+        "logger": "sharecoord.daemon",
+        "msg": "listening",
+        "url": "http://h:1",
+    }
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["ts"])

@@ -1,0 +1,350 @@
+"""Every error a user can cause is one line on stderr and exit 2 (usage) or 1 (the
+operation failed), found before anything expensive starts: no trace, no JVM, no daemon.
+
+Each row runs a real ``sharecoord`` process (``python -m server.cli``). Placeholders in
+the arguments: ``{file}`` a regular file, ``{dir}`` a directory, ``{data}`` a valid data
+directory, ``{odd}`` a directory whose ``meta`` is a directory, ``{missing}`` a path
+that does not exist, ``{bad_toml}``, ``{latin1_toml}``,
+``{typo_toml}``, ``{huge_cluster}`` config and cluster files, ``{refused}`` a local
+port nobody listens on, ``{silent}`` one that accepts connections and never answers.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from persistence import StateLog
+from tests.server.daemons import REPO_ROOT, TOPIC, child_env
+
+# A safety net: every row finishes in well under a second when the checks come first.
+ROW_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class Row:
+    id: str
+    args: tuple[str, ...]
+    code: int
+    names: tuple[str, ...]  # what the one line must say (case-insensitive)
+    env: Mapping[str, str] = field(default_factory=dict)
+    unset: tuple[str, ...] = ()
+    hide_modules: tuple[str, ...] = ()  # import as if not installed
+
+
+def row(
+    id: str, args: str, code: int, *names: str, env: Mapping[str, str] | None = None, **kw: Any
+) -> Row:
+    return Row(id, tuple(args.split()), code, names, env or {}, **kw)
+
+
+STATE = f"state get --group g --topic {TOPIC} --partition 0"
+NO_JAVA = {"env": {"PATH": "{dir}"}, "unset": ("JAVA_HOME",)}
+
+ROWS = [
+    # --- the command line itself
+    row("no-command", "", 2, "a command is needed", "serve"),
+    row("unknown-command", "frobnicate", 2, "invalid choice", "frobnicate"),
+    row("log-without-subcommand", "log", 2, "sharecoord log:", "dump or verify"),
+    row("state-without-subcommand", "state", 2, "sharecoord state:", "get"),
+    row("unknown-flag", "serve --no-such-flag", 2, "sharecoord serve:", "--no-such-flag"),
+    row("flag-without-value", "log dump --data-dir", 2, "--data-dir", "expected one argument"),
+    # --- serve
+    row("serve-data-dir-is-a-file", "serve --data-dir {file}", 2, "--data-dir", "not a directory"),
+    row(
+        "serve-data-dir-under-a-file",
+        "serve --data-dir {file}/data",
+        2,
+        "cannot be created",
+        "not a directory",
+    ),
+    row("serve-partitions-huge", "serve --partitions 100000000", 2, "partitions", "10000"),
+    row("serve-partitions-zero", "serve --partitions 0", 2, "partitions", "between 1 and"),
+    row("serve-partitions-not-int", "serve --partitions many", 2, "partitions", "integer"),
+    row(
+        "serve-partitions-from-env",
+        "serve",
+        2,
+        "SHARECOORD_PARTITIONS",
+        env={"SHARECOORD_PARTITIONS": "100000000"},
+    ),
+    row("serve-listen-unparsable", "serve --listen nope", 2, "listen", "HOST:PORT"),
+    row("serve-listen-bad-port", "serve --listen 127.0.0.1:99999", 2, "listen", "port"),
+    row("serve-config-missing", "serve --config {missing}", 2, "config file", "cannot read"),
+    row("serve-config-is-a-dir", "serve --config {dir}", 2, "config file", "cannot read"),
+    row("serve-config-bad-toml", "serve --config {bad_toml}", 2, "not valid TOML"),
+    row("serve-config-not-utf8", "serve --config {latin1_toml}", 2, "not valid TOML", "UTF-8"),
+    row("serve-config-unknown-key", "serve --config {typo_toml}", 2, "unknown key", "partitons"),
+    row("serve-cluster-missing", "serve --cluster {missing}", 2, "cluster file", "cannot read"),
+    row(
+        "serve-cluster-huge",
+        "serve --cluster {huge_cluster} --partitions 50",
+        2,
+        "num_partitions",
+        "10000",
+    ),
+    row(
+        "serve-token-file-missing",
+        "serve --data-dir {dir}/d --listen 127.0.0.1:0 --auth-token-file {missing}",
+        2,
+        "auth token file",
+        "cannot read",
+    ),
+    row(
+        "serve-token-file-unreadable",
+        "serve --data-dir {dir}/d --listen 127.0.0.1:0 --auth-token-file {dir}",
+        2,
+        "auth token file",
+        "cannot read",
+    ),
+    row(
+        "serve-data-dir-cannot-be-opened",
+        "serve --data-dir {odd} --listen 127.0.0.1:0",
+        1,
+        "data directory",
+        "is a directory",
+    ),
+    row("serve-tls-cert-without-key", "serve --tls-cert {file}", 2, "tls_cert", "--tls-key"),
+    row("serve-log-level", "serve --log-level trace", 2, "log_level", "debug"),
+    row("serve-access-log-not-bool", "serve --access-log=maybe", 2, "ignored explicit argument"),
+    # --- log dump / log verify
+    row("dump-data-dir-is-a-file", "log dump --data-dir {file}", 2, "not a directory"),
+    row("dump-data-dir-missing", "log dump --data-dir {missing}", 2, "not a sharecoord data"),
+    row("dump-meta-unreadable", "log dump --data-dir {odd}", 2, "--data-dir", "is a directory"),
+    row("dump-partition-negative", "log dump --data-dir {data} --partition -1", 2, "partition"),
+    row("dump-partition-past-the-end", "log dump --data-dir {data} --partition 9", 2, "0..1"),
+    row("verify-data-dir-is-a-file", "log verify --data-dir {file}", 2, "not a directory"),
+    row("verify-data-dir-missing", "log verify --data-dir {missing}", 2, "not a directory"),
+    # --- compact
+    row("compact-data-dir-is-a-file", "compact --data-dir {file}", 2, "not a directory"),
+    row("compact-data-dir-missing", "compact --data-dir {missing}", 2, "not a sharecoord data"),
+    row("compact-meta-unreadable", "compact --data-dir {odd}", 2, "is a directory"),
+    row("compact-master-malformed", "compact --data-dir {data} --master bogus://x", 2, "master"),
+    row("compact-master-no-port", "compact --data-dir {data} --master spark://h", 2, "master"),
+    row("compact-no-java", "compact --data-dir {data}", 2, "java", "PATH", **NO_JAVA),
+    row(
+        "compact-java-home-wrong",
+        "compact --data-dir {data}",
+        2,
+        "JAVA_HOME",
+        env={"JAVA_HOME": "{missing}"},
+    ),
+    row(
+        "compact-without-pyspark",
+        "compact --data-dir {data}",
+        2,
+        "pyspark",
+        "sharecoord[spark]",
+        hide_modules=("pyspark",),
+    ),
+    row(
+        "compact-retention-negative",
+        "compact --data-dir {data} --tombstone-retention-ms -1",
+        2,
+        "tombstone_retention_ms",
+    ),
+    # --- audit
+    row("audit-out-required", "audit --data-dir {data}", 2, "--out is required"),
+    row("audit-out-is-a-file", "audit --data-dir {data} --out {file}", 2, "--out", "not a dir"),
+    row(
+        "audit-out-unwritable",
+        "audit --data-dir {data} --out {file}/report",
+        2,
+        "--out",
+        "cannot be made or written",
+    ),
+    row("audit-data-dir-is-a-file", "audit --data-dir {file} --out {dir}", 2, "not a directory"),
+    row("audit-data-dir-missing", "audit --data-dir {missing} --out {dir}", 2, "not a sharecoord"),
+    row("audit-no-java", "audit --data-dir {data} --out {dir}/r", 2, "java", **NO_JAVA),
+    row(
+        "audit-without-matplotlib",
+        "audit --data-dir {data} --out {dir}/r",
+        2,
+        "matplotlib",
+        "sharecoord[spark]",
+        hide_modules=("matplotlib",),
+    ),
+    row("audit-delivery-limit-zero", "audit --data-dir {data} --delivery-limit 0", 2, "delivery"),
+    # --- state get
+    row("state-url-not-a-url", f"{STATE} --url not-a-url", 2, "url", "HOST:PORT"),
+    row("state-url-ftp", f"{STATE} --url ftp://127.0.0.1:{{refused}}/", 2, "url", "ftp"),
+    row("state-url-bad-port", f"{STATE} --url http://127.0.0.1:99999", 2, "url", "port"),
+    row("state-url-no-host", f"{STATE} --url http://", 2, "url", "no host"),
+    row(
+        "state-host-port-means-http",
+        f"{STATE} --url 127.0.0.1:{{refused}}",
+        1,
+        "http://127.0.0.1:{refused}",
+        "refused",
+    ),
+    row("state-refused", f"{STATE} --url http://127.0.0.1:{{refused}}", 1, "refused"),
+    row(
+        "state-silent-daemon-times-out",
+        f"{STATE} --url http://127.0.0.1:{{silent}} --timeout-s 0.3",
+        1,
+        "no answer",
+        "0.3 s",
+    ),
+    row("state-timeout-zero", f"{STATE} --url 127.0.0.1:1 --timeout-s 0", 2, "timeout_s"),
+    row(
+        "state-partition-negative",
+        f"state get --url 127.0.0.1:1 --group g --topic {TOPIC} --partition -1",
+        2,
+        "partition",
+        "between 0 and",
+    ),
+    row(
+        "state-topic-malformed",
+        "state get --url 127.0.0.1:1 --group g --topic nope --partition 0",
+        2,
+        "topic",
+    ),
+    row(
+        "state-group-empty",
+        f"state get --url 127.0.0.1:1 --group= --topic {TOPIC} --partition 0",
+        2,
+        "group",
+        "empty",
+    ),
+    row("state-required-missing", "state get --url 127.0.0.1:1", 2, "--group is required"),
+    row(
+        "state-token-file-missing",
+        f"{STATE} --url 127.0.0.1:{{refused}} --token-file {{missing}}",
+        2,
+        "token file",
+        "cannot read",
+    ),
+    row(
+        "state-token-file-unreadable",
+        f"{STATE} --url 127.0.0.1:{{refused}} --token-file {{dir}}",
+        2,
+        "token file",
+        "cannot read",
+    ),
+    row(
+        "state-cacert-missing",
+        f"{STATE} --url https://127.0.0.1:{{refused}} --cacert {{missing}}",
+        2,
+        "TLS CA",
+        "cannot read",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    root = tmp_path_factory.mktemp("bad-input")
+    (root / "file").write_text("not a directory\n")
+    (root / "dir").mkdir()
+    (root / "bad.toml").write_text("partitions = [\n")
+    (root / "latin1.toml").write_bytes("data_dir = 'caf\xe9'\n".encode("latin-1"))
+    (root / "typo.toml").write_text("partitons = 4\n")
+    (root / "huge.toml").write_text(
+        'num_partitions = 100000000\n[[node]]\nid = 0\nhost = "h"\nport = 1\n'
+        'partitions = ["0-99999999"]\n'
+    )
+    StateLog.open(str(root / "data"), 2).close()
+    (root / "odd" / "meta").mkdir(parents=True)
+    with socket.socket() as refused, socket.socket() as silent:
+        refused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the handshake; nobody ever reads
+        yield {
+            "file": str(root / "file"),
+            "dir": str(root / "dir"),
+            "data": str(root / "data"),
+            "odd": str(root / "odd"),
+            "missing": str(root / "missing"),
+            "bad_toml": str(root / "bad.toml"),
+            "latin1_toml": str(root / "latin1.toml"),
+            "typo_toml": str(root / "typo.toml"),
+            "huge_cluster": str(root / "huge.toml"),
+            "refused": str(refused.getsockname()[1]),
+            "silent": str(silent.getsockname()[1]),
+        }
+
+
+def run(r: Row, places: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
+    env = child_env({k: v.format(**places) for k, v in r.env.items()})
+    for name in r.unset:
+        env.pop(name, None)
+    if r.hide_modules:
+        # None in sys.modules makes an import fail as if the package were not installed.
+        hide = "; ".join(f"sys.modules[{m!r}] = None" for m in r.hide_modules)
+        head = [sys.executable, "-c", f"import sys; {hide}; from server.cli import main; "]
+        head[-1] += "sys.exit(main())"
+    else:
+        head = [sys.executable, "-m", "server.cli"]
+    return subprocess.run(
+        [*head, *(a.format(**places) for a in r.args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=ROW_TIMEOUT_S,
+        check=False,
+        cwd=REPO_ROOT,
+    )
+
+
+@pytest.mark.parametrize("r", ROWS, ids=[r.id for r in ROWS])
+def test_bad_input_is_one_line_and_the_documented_exit_code(r: Row, places: dict[str, str]) -> None:
+    done = run(r, places)
+    everything = done.stdout + done.stderr
+    assert "Traceback" not in everything, everything
+    assert done.returncode == r.code, everything
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].strip(), everything
+    (line,) = lines
+    for name in r.names:
+        assert name.format(**places).lower() in line.lower(), line
+    assert done.stdout == ""
+
+
+def test_the_table_covers_every_command() -> None:
+    def command(r: Row) -> str:
+        return " ".join(r.args[:2]) if r.args[0] in ("log", "state") else r.args[0]
+
+    covered = {command(r) for r in ROWS if r.args}
+    assert {"serve", "compact", "audit", "log dump", "log verify", "state get"} <= covered
+
+
+def test_the_line_is_json_when_json_logs_were_asked_for(places: dict[str, str]) -> None:
+    """A supervisor reading the daemon's JSON lines gets its refusal as JSON too."""
+    r = row("json", "serve --log-format json --partitions 100000000", 2)
+    done = run(r, places)
+    (line,) = done.stderr.splitlines()
+    record = json.loads(line)
+    assert (record["level"], record["exit_code"]) == ("error", 2)
+    assert "partitions" in record["msg"]
+    assert done.returncode == 2
+
+
+def test_version_prints_the_installed_version() -> None:
+    done = run(row("version", "--version", 0), {})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"sharecoord {importlib.metadata.version('sharecoord')}\n"
+    assert done.stderr == ""
+
+
+def test_the_console_script_reports_the_same_version() -> None:
+    """``make serve`` runs the installed ``sharecoord`` script, next to this Python."""
+    script = Path(sys.executable).with_name("sharecoord")
+    done = subprocess.run(
+        [str(script), "--version"],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=ROW_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"sharecoord {importlib.metadata.version('sharecoord')}\n"
