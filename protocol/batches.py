@@ -134,10 +134,8 @@ def merge_batches(
         remaining.insert(at, batch)
         if at <= last_at:
             last_at += 1
-        if at > last_at:
-            last_at = at
-        if at < first_at:
-            first_at = at
+        last_at = max(last_at, at)
+        first_at = min(first_at, at)
     # Batches of current below the first new one never merge with one another, nor the
     # last of them with the next current batch: final. The walk starts at the one just
     # before the first new batch, which may merge with it.
