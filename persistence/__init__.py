@@ -1,7 +1,7 @@
 """The durable state log: segmented append-only files per state partition, group
 commit, crash recovery, readers, pruning and the compaction swap. Deals in bytes only."""
 
-from persistence.commit import DEFAULT_COMMIT_THREADS, DurabilityBarrier, GroupCommitter
+from persistence.commit import DurabilityBarrier, GroupCommitter
 from persistence.errors import (
     DurabilityError,
     LogCorruptionError,
@@ -46,7 +46,6 @@ from persistence.swap import (
 from persistence.verify import Damage, PartitionVerifyResult, VerifyReport, verify
 
 __all__ = [
-    "DEFAULT_COMMIT_THREADS",
     "DEFAULT_SEGMENT_BYTES",
     "FAILPOINTS_ENV",
     "MAX_FRAME_LENGTH",

@@ -1,31 +1,29 @@
-"""Group commit: one cycle writes and fsyncs every dirty partition, then releases exactly
-the waiters it covered.
+"""Group commit through the shared journal: one cycle makes every dirty partition's
+appends durable with one journal record and one fdatasync, then releases exactly the
+waiters it covered.
 
-A cycle, on the event loop:
-  1. take the dirty partitions (those with a waiter since the last cycle) and their
-     buffered appends (PartitionLog.take_pending: memory only);
-  2. write + fdatasync each partition's batch in the commit threads, off the loop;
-  3. resolve the waiters whose offsets are now below durable_end_offset; on a failure,
-     fail that partition's remaining waiters and report it (on_partition_failure).
+A cycle:
+  1. (event loop) take the dirty partitions' buffered appends (PartitionLog.take_pending:
+     memory only);
+  2. (commit thread) write them as one journal record and fdatasync the journal; then
+     write each partition's frames to its active segment, without fsync (journal.py);
+  3. (event loop) resolve the waiters whose offsets are now durable. A journal failure
+     fails every waiter of the cycle (they shared the flush) and stops those partitions
+     until they reload; a partition's own write failure fails that partition alone.
 Appends and waits arriving while a cycle is in flight mark their partitions dirty and
 the next cycle starts as soon as this one ends: batching comes from the fsync time
-itself, with no sleep anywhere on the path.
+itself, with no sleep on the path (but Kafka's append linger, when set).
 
-Threads, measured with bench/group_commit.py (2-core VM, ext4 on a
-virtio disk where one fdatasync takes ~0.2 ms; one 2 KB record per dirty partition per
-cycle; ms per cycle, mean of 200 cycles, two runs):
+Checkpoints run in a thread of their own, off the request path: every
+`checkpoint_bytes` of journal, every `checkpoint_interval_ms`, and at close. One
+fdatasyncs the partitions written since the last one, records CHECKPOINT, and deletes
+the journal segments nothing needs any more (StateLog.take_checkpoint). A partition
+whose sync fails keeps the journal from shrinking below its frames; past
+`journal_max_bytes` the committer refuses writes (`refusing_writes`) until a checkpoint
+gets through.
 
-    dirty partitions   1 thread (in sequence)   2 threads    4 threads    8 threads
-    1                  0.36 / 0.36              0.39 / 0.33  0.33 / 0.34  0.35 / 0.33
-    4                  1.25 / 1.19              0.92 / 0.78  0.58 / 0.68  0.69 / 0.67
-    16                 3.78 / 3.93              3.03 / 3.14  2.13 / 2.49  1.99 / 2.28
-    50                 12.6 / 11.4              8.24 / 9.39  6.71 / 6.98  5.70 / 6.09
-
-Parallel fdatasyncs win once a few partitions are dirty (the filesystem folds
-concurrent flushes into one journal commit) and cost nothing with one dirty partition.
-The default is 4 threads: 8 gains a little more only with dozens of dirty partitions,
-and on two cores the extra threads mostly contend for the GIL. commit_threads=1 is the
-sequential variant.
+Measured (bench/group_commit.py): a cycle's fsync time no longer grows with the number
+of dirty partitions; see bench/results.
 """
 
 from __future__ import annotations
@@ -37,18 +35,26 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
-from persistence.errors import DurabilityError, PartitionFailedError
+from persistence.errors import DurabilityError, LogError, PartitionFailedError
+from persistence.journal import Journal
 from persistence.partition import PartitionLog, PendingBatch
 from persistence.statelog import StateLog
 
 _log = logging.getLogger("sharecoord.log")
 
-DEFAULT_COMMIT_THREADS = 4
+DEFAULT_CHECKPOINT_INTERVAL_MS = 10_000
+DEFAULT_CHECKPOINT_BYTES = 8 * 1024 * 1024
+DEFAULT_JOURNAL_MAX_BYTES = 1024 * 1024 * 1024
+
+T = TypeVar("T")
 
 FailureCallback = Callable[[int, BaseException], None]
-# After each cycle: how many partitions it wrote, and each one's write + fsync seconds.
+# After each cycle: how many partitions it wrote, and its journal write + fdatasync time.
 CycleCallback = Callable[[int, list[float]], None]
+# After each checkpoint: how long it took, and how many partitions it synced.
+CheckpointCallback = Callable[[float, int], None]
 
 
 class DurabilityBarrier:
@@ -83,44 +89,74 @@ class GroupCommitter:
         log: StateLog,
         *,
         on_partition_failure: FailureCallback | None = None,
-        commit_threads: int = DEFAULT_COMMIT_THREADS,
         linger_ms: float = 0,
         on_cycle: CycleCallback | None = None,
+        on_checkpoint: CheckpointCallback | None = None,
+        checkpoint_interval_ms: int = DEFAULT_CHECKPOINT_INTERVAL_MS,
+        checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES,
+        journal_max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES,
     ) -> None:
-        if commit_threads < 1:
-            raise ValueError(f"commit_threads must be >= 1, got {commit_threads}")
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
+        if log.journal is None:
+            raise ValueError("group commit needs a data directory opened for writing")
         # Kafka's append.linger.ms: wait this long after the first dirty partition before
         # a cycle, to gather more. 0 by default: appends arriving during an fsync already
         # share the next cycle, so a linger only adds latency unless the disk is very fast.
         self._linger_s = linger_ms / 1000
         self._on_cycle = on_cycle
+        self._on_checkpoint = on_checkpoint
         self._log = log
+        self._journal: Journal = log.journal
         self._on_partition_failure = on_partition_failure
-        self._commit_threads = commit_threads
+        self._checkpoint_interval_s = checkpoint_interval_ms / 1000
+        self._checkpoint_bytes = checkpoint_bytes
+        self._journal_max_bytes = journal_max_bytes
         self._executor: ThreadPoolExecutor | None = None
+        self._checkpointer: ThreadPoolExecutor | None = None
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._checkpoint_task: asyncio.Task[None] | None = None
+        self._ticker: asyncio.Task[None] | None = None
         self._closing = False
         self._dirty: set[int] = set()
         self._waiters: dict[int, list[_Waiter]] = {}
         self._arrival = itertools.count()
         self._reported: dict[int, BaseException] = {}
+        # Partitions with journaled frames no checkpoint has synced yet.
+        self._unsynced: set[int] = set()
+        self._journal_bytes_at_checkpoint = 0
+        self._last_checkpoint = time.monotonic()
         self.cycles = 0  # commit cycles that wrote something
+        self.checkpoints = 0
 
     def start(self) -> None:
         """Start committing, on the running event loop."""
         if self._task is not None:
             raise RuntimeError("GroupCommitter already started")
-        self._executor = ThreadPoolExecutor(
-            self._commit_threads, thread_name_prefix="sharecoord-commit"
-        )
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-commit")
+        self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-checkpoint")
         self._wakeup = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="group-commit")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._run(), name="group-commit")
+        self._ticker = loop.create_task(self._tick(), name="checkpoint-ticker")
+        # The journal's first segments, ahead of the first cycle.
+        self._checkpointer.submit(self._journal.ensure_spare)
+
+    @property
+    def journal_bytes(self) -> int:
+        """Journal bytes no checkpoint has freed yet."""
+        return max(0, self._journal.end_lsn - self._log.checkpoint.lowest_lsn())
+
+    @property
+    def refusing_writes(self) -> bool:
+        """The journal is past journal_max_bytes: checkpoints cannot shrink it (a
+        partition whose files will not sync). Writes must be refused (15) until one
+        does."""
+        return self.journal_bytes > self._journal_max_bytes
 
     async def close(self) -> None:
-        """Commit everything appended so far (waited for or not), then stop."""
+        """Commit everything appended so far (waited for or not), checkpoint, stop."""
         if self._task is None or self._wakeup is None or self._executor is None:
             return
         if not self._closing:
@@ -130,11 +166,21 @@ class GroupCommitter:
         try:
             await self._task
         finally:
+            if self._ticker is not None:
+                self._ticker.cancel()
+            if self._checkpoint_task is not None:
+                await asyncio.gather(self._checkpoint_task, return_exceptions=True)
+            try:
+                await self._checkpoint()
+            except Exception:
+                _log.exception("the last checkpoint failed; the journal keeps what it covers")
             await asyncio.to_thread(self._executor.shutdown, True)
+            if self._checkpointer is not None:
+                await asyncio.to_thread(self._checkpointer.shutdown, True)
 
     def wait_durable(self, partition: int, offset: int) -> asyncio.Future[None]:
-        """A future that completes once `offset` of `partition` is fsynced, or fails
-        with DurabilityError if that partition's write or fsync fails first."""
+        """A future that completes once `offset` of `partition` is durable, or fails
+        with DurabilityError if that partition's commit fails first."""
         if self._task is None or self._wakeup is None or self._closing:
             raise RuntimeError("GroupCommitter is not running")
         log = self._log.partition(partition)
@@ -228,40 +274,74 @@ class GroupCommitter:
         if not batches:
             return
         self.cycles += 1
-        errors = await self._write(batches)
+        loop = asyncio.get_running_loop()
+        rolled_from = self._journal.spare_lsn
+        errors, journal_error, seconds = await loop.run_in_executor(
+            self._executor, _journal_and_apply, self._journal, batches
+        )
+        if self._on_cycle is not None:
+            self._on_cycle(len(batches), [seconds])
         for (log, _), error in zip(batches, errors, strict=True):
+            # Released first: a batch whose journal record is durable is answered even
+            # if its partition's files then failed (the partition stops and repairs
+            # itself from the journal).
             self._release(log.partition)
+            if error is None or error is not journal_error:
+                self._unsynced.add(log.partition)
             if error is not None:
                 cause = error.cause if isinstance(error, PartitionFailedError) else error
                 self._partition_failed(log.partition, cause or error)
+        if self._journal.spare_lsn != rolled_from and self._checkpointer is not None:
+            self._checkpointer.submit(self._journal.ensure_spare)
+        if (
+            self._journal.bytes_written - self._journal_bytes_at_checkpoint
+            >= self._checkpoint_bytes
+        ):
+            self._start_checkpoint()
 
-    async def _write(
-        self, batches: list[tuple[PartitionLog, PendingBatch]]
-    ) -> list[BaseException | None]:
-        """Write and fsync the batches in up to `commit_threads` lanes, one thread each.
+    # -- checkpoints -------------------------------------------------------------------
 
-        One executor job per lane, not per partition: handing a job to a thread and its
-        result back costs the event loop more than the job's own Python work, and a
-        cycle may touch dozens of partitions.
-        """
-        loop = asyncio.get_running_loop()
-        lanes = min(self._commit_threads, len(batches))
-        order = [list(range(lane, len(batches), lanes)) for lane in range(lanes)]
-        lane_results = await asyncio.gather(
-            *(
-                loop.run_in_executor(self._executor, _write_lane, [batches[i] for i in lane])
-                for lane in order
+    async def _tick(self) -> None:
+        """Checkpoint on time as well as on volume: a quiet daemon's journal shrinks."""
+        while True:
+            await asyncio.sleep(self._checkpoint_interval_s)
+            if self._unsynced and time.monotonic() - self._last_checkpoint >= (
+                self._checkpoint_interval_s * 0.9
+            ):
+                self._start_checkpoint()
+
+    def _start_checkpoint(self) -> None:
+        if self._checkpoint_task is None or self._checkpoint_task.done():
+            self._checkpoint_task = asyncio.get_running_loop().create_task(
+                self._checkpoint(), name="checkpoint"
             )
-        )
-        errors: list[BaseException | None] = [None] * len(batches)
-        durations: list[float] = []
-        for lane, results in zip(order, lane_results, strict=True):
-            for index, (error, seconds) in zip(lane, results, strict=True):
-                errors[index] = error
-                durations.append(seconds)
-        if self._on_cycle is not None:
-            self._on_cycle(len(batches), durations)
-        return errors
+
+    async def _checkpoint(self) -> None:
+        """One checkpoint at the journal's end as it is now (between cycles: every
+        record below it has been applied to the partition files)."""
+        if self._checkpointer is None:
+            return
+        lsn = self._journal.end_lsn
+        written, self._unsynced = self._unsynced, set()
+        self._journal_bytes_at_checkpoint = self._journal.bytes_written
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        try:
+            failures = await loop.run_in_executor(
+                self._checkpointer, self._log.take_checkpoint, lsn, written
+            )
+        except BaseException:
+            self._unsynced |= written  # the old CHECKPOINT stands: sync them next time
+            raise
+        self._last_checkpoint = time.monotonic()
+        self.checkpoints += 1
+        for partition, error in failures.items():
+            self._unsynced.add(partition)
+            self._partition_stopped(partition, error)
+        if self._on_checkpoint is not None:
+            self._on_checkpoint(self._last_checkpoint - started, len(written))
+
+    # -- waiters -----------------------------------------------------------------------
 
     def _release(self, partition: int) -> None:
         """Resolve the waiters of `partition` that are now durable."""
@@ -275,8 +355,26 @@ class GroupCommitter:
                 waiter.set_result(None)
 
     def _partition_failed(self, partition: int, cause: BaseException) -> None:
+        """A cycle failed the partition: what it did not make durable fails."""
         self._release(partition)
         self._fail_waiters(partition, cause)
+        self._report(partition, cause)
+
+    def _partition_stopped(self, partition: int, cause: BaseException) -> None:
+        """Its files would not sync (a checkpoint): it takes no more appends until it
+        repairs itself from the journal, but what the journal holds is durable, and its
+        waiters are answered by the cycles that carry their records."""
+        self._log.partition(partition).fail(cause)
+        self._report(partition, cause)
+
+    async def run_exclusive(self, job: Callable[[], T]) -> T:
+        """Run `job` in the commit thread, between cycles: a partition's reset there
+        never overlaps a cycle that carries one of its batches."""
+        if self._executor is None or self._executor._shutdown:
+            return await asyncio.to_thread(job)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+
+    def _report(self, partition: int, cause: BaseException) -> None:
         if self._reported.get(partition) is cause:
             return
         self._reported[partition] = cause
@@ -297,18 +395,38 @@ class GroupCommitter:
                 waiter.set_exception(error)
 
 
-def _write_lane(
-    batches: list[tuple[PartitionLog, PendingBatch]],
-) -> list[tuple[BaseException | None, float]]:
-    """In a commit thread: write + fsync each batch in turn; a failure stays its own.
-    Returns each batch's error (or None) and how long its write + fsync took."""
-    results: list[tuple[BaseException | None, float]] = []
-    for log, batch in batches:
-        started = time.perf_counter()
+def _journal_and_apply(
+    journal: Journal, batches: list[tuple[PartitionLog, PendingBatch]]
+) -> tuple[list[BaseException | None], BaseException | None, float]:
+    """In the commit thread: one journal record for every batch and one fdatasync, then
+    each batch into its partition's files. Returns each batch's error (or None), the
+    journal's error if the record failed (every batch shares it), and how long the
+    journal write and fdatasync took."""
+    errors: list[BaseException | None] = [None] * len(batches)
+    for index, (log, batch) in enumerate(batches):
+        if batch.generation != log.generation:
+            # Its partition was reset after the batch was taken (resets run in this
+            # thread, between cycles): its appends are gone, and must not be journaled.
+            errors[index] = LogError(f"{log!r}: batch taken before a reset")
+    entries = [
+        (log.partition, b.first_offset, len(b.ends), b.data)
+        for (log, b), error in zip(batches, errors, strict=True)
+        if error is None
+    ]
+    started = time.perf_counter()
+    try:
+        if entries:
+            journal.append(entries)
+    except BaseException as exc:  # every batch of the cycle shared this flush
+        for log, _ in batches:
+            log.fail(exc)
+        return [exc] * len(batches), exc, time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    for index, (log, batch) in enumerate(batches):
+        if errors[index] is not None:
+            continue
         try:
-            log.write_batch(batch)
+            log.apply_batch(batch)
         except BaseException as exc:  # reported per partition, never lost
-            results.append((exc, time.perf_counter() - started))
-        else:
-            results.append((None, time.perf_counter() - started))
-    return results
+            errors[index] = exc
+    return errors, None, seconds

@@ -12,7 +12,8 @@ environment variable SHARECOORD_FAILPOINTS:
 The file is re-read whenever its mtime or size changes (which replaces the rules and
 their counters); a missing file means no faults.
 
-Ops: open, read, write, fsync, fdatasync, fsync_dir, truncate, rename, unlink, mkdir.
+Ops: open, read, write, fsync, fdatasync, fsync_dir, truncate, rename, unlink, mkdir
+("write" covers pwrite too).
 A rule for "fsync" matches every flush (fsync, fdatasync and fsync_dir); the others
 match only themselves. `path_contains` is tested against the path given to the call (for
 calls on a descriptor, the path it was opened with); directory paths end with "/" for
@@ -74,6 +75,24 @@ class FileOps:
         while view:
             written = self.write(fd, view)
             view = view[written:]
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        return os.pwrite(fd, data, offset)
+
+    def pwrite_all(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        view = memoryview(data)
+        while view:
+            written = self.pwrite(fd, view, offset)
+            view = view[written:]
+            offset += written
+
+    def seek(self, fd: int, position: int) -> None:
+        os.lseek(fd, position, os.SEEK_SET)
+
+    def dup(self, fd: int) -> int:
+        """A second descriptor of the same open file (to fsync it without holding the
+        lock its writer takes)."""
+        return os.dup(fd)
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
@@ -206,6 +225,12 @@ class FaultInjectingFileOps(FileOps):
             self._fd_paths.pop(fd, None)
         super().close(fd)
 
+    def dup(self, fd: int) -> int:
+        copy = super().dup(fd)
+        with self._lock:
+            self._fd_paths[copy] = self._fd_paths.get(fd, f"<fd {fd}>")
+        return copy
+
     def read(self, fd: int, size: int) -> bytes:
         self._maybe_fail("read", self.path_of(fd))
         return super().read(fd, size)
@@ -221,6 +246,14 @@ class FaultInjectingFileOps(FileOps):
                 super().write(fd, data[: len(data) // 2])
             raise _oserror(rule.errno, self.path_of(fd))
         return super().write(fd, data)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        rule = self._match("write", self.path_of(fd))
+        if rule is not None:
+            if rule.short_write and len(data) > 1:
+                super().pwrite(fd, data[: len(data) // 2], offset)
+            raise _oserror(rule.errno, self.path_of(fd))
+        return super().pwrite(fd, data, offset)
 
     def fsync(self, fd: int) -> None:
         self._maybe_fail("fsync", self.path_of(fd))

@@ -19,12 +19,14 @@ import logging
 import os
 import threading
 from bisect import bisect_right
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
+from persistence.catchup import catch_up
 from persistence.errors import LogCorruptionError, LogError, PartitionFailedError
 from persistence.fileops import FileOps, unlink_if_exists
 from persistence.frame import PREFIX, LogRecord, encode_frame_into
+from persistence.journal import JournalEntry, PartitionCheckpoint
 from persistence.segments import (
     FrameStream,
     SegmentInfo,
@@ -48,6 +50,9 @@ from persistence.swap import (
 _log = logging.getLogger("sharecoord.log")
 
 DEFAULT_SEGMENT_BYTES = 100 * 1024 * 1024  # share.coordinator.state.topic.segment.bytes
+
+# A partition's frames in the journal from its last checkpoint on (for a repair).
+JournalSource = Callable[[int], Iterable[JournalEntry]]
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class PartitionLog:
         fs: FileOps,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         writable: bool = True,
+        journal: JournalSource | None = None,
     ) -> None:
         if segment_bytes < 1:
             raise ValueError(f"segment_bytes must be >= 1, got {segment_bytes}")
@@ -122,6 +128,12 @@ class PartitionLog:
         self._durable_base = 0  # the segment the last successful fdatasync covered ...
         self._durable_size = 0  # ... and its size then
         self._durable_known = False  # set by the first successful writable open
+        # With a journal, appends are durable once it is; the files are written after it
+        # without fsync. `_synced` is how far they are on disk all the same: what a
+        # checkpoint or a roll fsynced, as (segment, size, the next offset there).
+        self._journal = journal
+        self._synced = (0, 0, 0)
+        self._refusal: BaseException | None = None
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.partition}, {self.partition_dir!r})"
@@ -177,7 +189,13 @@ class PartitionLog:
         with self._lock:
             if self._opened:
                 raise LogError(f"{self!r} is already open")
+            if self._refusal is not None:
+                raise self._refusal
             return self._recover(on_record)
+
+    def refuse_open(self, cause: BaseException) -> None:
+        """Opening must fail with `cause` (it could not catch up with the journal)."""
+        self._refusal = cause
 
     def _recover(self, on_record: Callable[[LogRecord], None] | None) -> RecoveryReport:
         """Finish half-done swaps, verify every frame of every segment, cut a torn tail of
@@ -215,6 +233,8 @@ class PartitionLog:
         if segments:  # read-only: what may be read (a torn tail is left out)
             self._durable_base, self._durable_size = segments[-1].base_offset, segments[-1].size
             self._durable_known = self.writable
+            # Opening fsyncs the newest segment (_open_active): all of it is on disk.
+            self._synced = (segments[-1].base_offset, segments[-1].size, next_offset)
         self._failure = None
         self._opened = True
         return RecoveryReport(
@@ -310,22 +330,46 @@ class PartitionLog:
 
     def write_batch(self, batch: PendingBatch) -> None:
         """Write a batch, rolling segments at segment_bytes, and fdatasync it (any
-        thread). On failure the partition stops: appends raise until reset_to_durable,
-        and what the batch wrote past the durable end is cut from the files before the
-        error reaches anyone (see _discard_unsynced)."""
+        thread): for a partition without a journal. On failure the partition stops:
+        appends raise until reset_to_durable, and what the batch wrote past the durable
+        end is cut from the files before the error reaches anyone (see
+        _discard_unsynced)."""
+        self._write(batch, sync=True)
+
+    def apply_batch(self, batch: PendingBatch) -> None:
+        """Write a batch whose journal record is durable, without fsync (the commit
+        thread, right after the journal's fdatasync). A roll still fsyncs the segment it
+        seals. On failure the batch is durable all the same (its waiters are answered),
+        but the partition stops until reset_to_durable repairs its files from the
+        journal."""
+        try:
+            self._write(batch, sync=False)
+        except BaseException:
+            self._durable_end_offset = batch.end_offset
+            raise
+
+    def _write(self, batch: PendingBatch, *, sync: bool) -> None:
         with self._lock:
             if batch.generation != self._generation:
                 raise LogError(f"{self!r}: batch taken before a reset; its appends are gone")
             if self._failure is not None:
                 raise PartitionFailedError(self.partition, self._failure)
             try:
-                self._write_frames(batch)
+                self._write_frames(batch, sync)
             except BaseException as exc:
                 self._failure = exc
-                self._discard_unsynced()
+                if sync:
+                    self._discard_unsynced()
                 raise
             finally:
                 self._publish()
+
+    def fail(self, cause: BaseException) -> None:
+        """Stop taking appends (the journal record of its pending batch failed):
+        reset_to_durable restarts the partition."""
+        with self._lock:
+            if self._failure is None:
+                self._failure = cause
 
     def commit(self) -> int:
         """Write and fsync everything appended so far, in this thread; returns
@@ -335,7 +379,7 @@ class PartitionLog:
             self.write_batch(batch)
         return self._durable_end_offset
 
-    def _write_frames(self, batch: PendingBatch) -> None:
+    def _write_frames(self, batch: PendingBatch, sync: bool) -> None:
         """Write the batch in as few pieces as the segment size allows: the frames that
         still fit the active segment, then a roll, and so on (a frame larger than a
         whole segment gets a segment of its own)."""
@@ -354,25 +398,35 @@ class PartitionLog:
                     fit = done + 1
                 last = fit - 1
                 last_start = ends[last - 1] if last > 0 else 0
-                self._flush(view[start : ends[last]], view[last_start:], batch.first_offset + last)
+                self._flush(
+                    view[start : ends[last]], view[last_start:], batch.first_offset + last, sync
+                )
                 done, start = fit, ends[last]
         finally:
             view.release()
 
-    def _flush(self, data: memoryview, last_frame: memoryview, last_offset: int) -> None:
+    def _flush(
+        self, data: memoryview, last_frame: memoryview, last_offset: int, sync: bool
+    ) -> None:
         assert self._active_fd is not None
         active = self._segments[-1]
         self._fs.write_all(self._active_fd, data)
         active.size += len(data)
         active.last_offset = last_offset
         active.last_frame_crc = PREFIX.unpack_from(last_frame)[1]
-        self._fs.fdatasync(self._active_fd)
+        if sync:
+            self._fs.fdatasync(self._active_fd)
+            self._synced = (active.base_offset, active.size, last_offset + 1)
         self._durable_base, self._durable_size = active.base_offset, active.size
         self._durable_end_offset = last_offset + 1
 
     def _roll(self, base_offset: int) -> None:
-        """Start a new segment. The full one was fdatasynced by the flush before."""
+        """Start a new segment. The full one is fsynced first (by the flush before it
+        when every flush syncs): a sealed segment is always wholly on disk."""
         fs = self._fs
+        full = self._segments[-1]
+        if self._active_fd is not None and self._synced[:2] != (full.base_offset, full.size):
+            fs.fdatasync(self._active_fd)
         path = segment_path(self.partition_dir, base_offset)
         fd = fs.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_EXCL)
         old_fd, self._active_fd = self._active_fd, fd
@@ -380,6 +434,40 @@ class PartitionLog:
         if old_fd is not None:
             fs.close(old_fd)
         fs.fsync_dir(self.partition_dir)
+        self._synced = (base_offset, 0, base_offset)
+
+    def sync_for_checkpoint(self) -> tuple[int, int, int]:
+        """fdatasync what was written to the newest segment (a checkpoint, in its own
+        thread) and return how far it is now on disk: (segment, size, next offset).
+        The file is synced through a second descriptor, so commits go on meanwhile."""
+        with self._lock:
+            self._check_mutable()
+            active = self._segments[-1]
+            position = (
+                active.base_offset,
+                active.size,
+                active.base_offset if active.last_offset is None else active.last_offset + 1,
+            )
+            assert self._active_fd is not None
+            fd = self._fs.dup(self._active_fd)
+        try:
+            self._fs.fdatasync(fd)
+        finally:
+            self._fs.close(fd)
+        with self._lock:
+            if position[:2] > self._synced[:2]:
+                self._synced = position
+            return self._synced
+
+    @property
+    def generation(self) -> int:
+        """Bumped by every reset: a batch taken before one belongs to a log that is gone."""
+        return self._generation
+
+    @property
+    def synced(self) -> tuple[int, int, int]:
+        """(segment, size, next offset): how far the files are surely on disk."""
+        return self._synced
 
     # -- the fsync-failure path ----------------------------------------------------------
 
@@ -401,8 +489,18 @@ class PartitionLog:
                 fd, self._active_fd = self._active_fd, None
                 with contextlib.suppress(OSError):  # the fd is released whatever close says
                     fs.close(fd)
-            if self._durable_known:
-                self._cut_back_to_durable()
+            if self._durable_known and self._journal is not None:
+                # Back to what is surely on disk, then forward again from the journal,
+                # which holds every durable frame past it.
+                self._cut_back_to(self._synced[0], self._synced[1])
+                catch_up(
+                    fs,
+                    self.partition_dir,
+                    PartitionCheckpoint(0, *self._synced),
+                    self._journal(self.partition),
+                )
+            elif self._durable_known:
+                self._cut_back_to(self._durable_base, self._durable_size)
             report = self._recover(None)
             _log.warning(
                 "%s: reset to the durable end, offset %d, after %r",
@@ -424,7 +522,7 @@ class PartitionLog:
         if not self._durable_known:
             return
         try:
-            self._cut_back_to_durable(sync=False)
+            self._cut_back_to(self._durable_base, self._durable_size, sync=False)
         except OSError as exc:
             _log.error(
                 "%s: could not cut the failed batch back to the durable end (%r); "
@@ -433,16 +531,16 @@ class PartitionLog:
                 exc,
             )
 
-    def _cut_back_to_durable(self, *, sync: bool = True) -> None:
+    def _cut_back_to(self, base: int, size: int, *, sync: bool = True) -> None:
         fs = self._fs
         for segment in self._segments:
-            if segment.base_offset > self._durable_base:
+            if segment.base_offset > base:
                 unlink_if_exists(fs, segment.path)
         if sync:
             fs.fsync_dir(self.partition_dir)
-        fd = fs.open(segment_path(self.partition_dir, self._durable_base), os.O_WRONLY)
+        fd = fs.open(segment_path(self.partition_dir, base), os.O_WRONLY)
         try:
-            fs.truncate(fd, self._durable_size)
+            fs.truncate(fd, size)
             if sync:
                 fs.fsync(fd)
         finally:

@@ -28,6 +28,7 @@ from persistence.frame import (
     find_next_frame,
     frame_crc,
 )
+from persistence.journal import JournalView, frame_offset
 from persistence.staging import (
     LOG_SUFFIX,
     SWAP_SUFFIX,
@@ -316,15 +317,24 @@ def read_segment(
 
 
 def iter_stream(
-    stream: FrameStream, path: str, from_offset: int, allow_torn_tail: bool
+    stream: FrameStream,
+    path: str,
+    from_offset: int,
+    allow_torn_tail: bool,
+    unsynced_from: int | None = None,
 ) -> Iterator[LogRecord]:
     """The records of `stream` from `from_offset`; raise at damage (but a torn tail, if
-    allowed)."""
+    allowed, or damage at or after `unsynced_from`, where the file was never fsynced
+    and the journal holds what belongs there)."""
     for _, record, _ in stream:
         if record.offset >= from_offset:
             yield record
     damage = stream.damage
-    if damage is not None and not (allow_torn_tail and stream.damage_is_torn_tail()):
+    if damage is None:
+        return
+    if unsynced_from is not None and damage.position >= unsynced_from:
+        return
+    if not (allow_torn_tail and stream.damage_is_torn_tail()):
         raise LogCorruptionError(path, damage.position, damage.reason)
 
 
@@ -351,9 +361,17 @@ def read_partition(
     """The records of a partition directory at or above `from_offset`, verified, for
     readers outside the daemon (log dump, the Spark jobs): the records recovery would
     keep. A torn tail of the newest segment (a frame a running daemon is writing, or
-    the end a crash tore) ends the iteration; any other damage raises."""
+    the end a crash tore) ends the files' records; so does damage where the files were
+    never fsynced. Then come the records still only in the journal. Any other damage
+    raises."""
+    partition_dir = os.fspath(partition_dir)
     fs = fs or _DEFAULT_FS
-    segments = list_segments(os.fspath(partition_dir), fs)
+    partitions_dir, partition_name = os.path.split(os.path.normpath(partition_dir))
+    journal = None
+    if partition_name.isdigit() and os.path.basename(partitions_dir) == "partitions":
+        journal = JournalView.load(os.path.dirname(partitions_dir), fs)
+    partition = int(partition_name) if journal is not None else -1
+    segments = list_segments(partition_dir, fs)
     last_offset = -1
     for index, segment in enumerate(segments):
         newest = index == len(segments) - 1
@@ -368,8 +386,32 @@ def read_partition(
                 min_offset=max(segment.base_offset, last_offset + 1),
                 below_offset=below,
             )
-            for record in iter_stream(stream, segment.path, from_offset, newest):
+            unsynced_from = (
+                journal.unsynced_from(partition, segment.base_offset)
+                if journal is not None and newest
+                else None
+            )
+            for record in iter_stream(stream, segment.path, from_offset, newest, unsynced_from):
                 last_offset = record.offset
                 yield record
         finally:
             fs.close(fd)
+    if journal is not None:
+        yield from _journal_records(journal, partition, last_offset, from_offset)
+
+
+def _journal_records(
+    journal: JournalView, partition: int, last_offset: int, from_offset: int
+) -> Iterator[LogRecord]:
+    """The partition's frames in the journal that follow `last_offset` without a gap."""
+    for entry in journal.entries(partition):
+        for start, end in entry.frame_spans():
+            offset = frame_offset(entry.frames, start)
+            if offset <= last_offset:
+                continue
+            if last_offset >= 0 and offset != last_offset + 1:
+                return
+            record, _ = decode_frame(entry.frames[start:end])
+            last_offset = offset
+            if offset >= from_offset:
+                yield record

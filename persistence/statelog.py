@@ -1,9 +1,22 @@
-"""The data directory: DATA/meta, DATA/LOCK and one PartitionLog per state partition.
+"""The data directory: DATA/meta, DATA/LOCK, the journal and one PartitionLog per state
+partition.
 
-DATA/meta                       {"format": 1, "num_partitions": 50}, fixed at creation
+DATA/meta                       {"format": 2, "num_partitions": 50}, fixed at creation
 DATA/LOCK                       flock()ed by the one process that may write DATA
+DATA/journal/                   the shared journal and its CHECKPOINT (journal.py)
 DATA/partitions/<p>/            one state partition's segments (partition.py)
 DATA/partitions/<p>/compaction/ staging of the compaction job (swap.py)
+
+Format 1 had no journal: every commit fsynced each partition file. A format-1 directory
+is fully on disk, so opening it for writing migrates it in place: the journal directory
+and a CHECKPOINT saying every partition is synced to its end, then meta says 2. A crash
+before meta is rewritten migrates it again.
+
+Opening for writing recovers the journal before any partition loads: read CHECKPOINT,
+read every record after it, bring each partition's files up to date with its frames
+(catchup.py), start a fresh journal after the old one, and record a new CHECKPOINT. A
+partition that cannot catch up (damage) keeps its old checkpoint, so the journal keeps
+its frames, and fails to load with the reason.
 """
 
 from __future__ import annotations
@@ -11,14 +24,37 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 from typing import Any
 
-from persistence.errors import LogLockedError, MetaMismatchError
+from persistence.catchup import catch_up
+from persistence.errors import (
+    LogCorruptionError,
+    LogLockedError,
+    MetaMismatchError,
+    PartitionFailedError,
+)
 from persistence.fileops import FileOps, read_file, write_file_atomically
+from persistence.journal import (
+    DEFAULT_JOURNAL_SEGMENT_BYTES,
+    Checkpoint,
+    Journal,
+    JournalEntry,
+    PartitionCheckpoint,
+    entries_of,
+    journal_dir,
+    read_checkpoint,
+    scan_journal,
+    write_checkpoint,
+)
 from persistence.partition import DEFAULT_SEGMENT_BYTES, PartitionLog
+from persistence.segments import list_log_files, scan_segment
 
-META_FORMAT = 1
+_log = logging.getLogger("sharecoord.log")
+
+META_FORMAT = 2
+META_FORMATS = (1, 2)  # what this version reads; 1 is migrated on the first writable open
 META_FILE = "meta"
 LOCK_FILE = "LOCK"
 PARTITIONS_DIR = "partitions"
@@ -39,8 +75,11 @@ def read_meta(data_dir: str | os.PathLike[str], fs: FileOps | None = None) -> di
         ) from None
     except ValueError as exc:
         raise MetaMismatchError(f"{path} is not valid JSON: {exc}") from None
-    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
-        raise MetaMismatchError(f"{path}: unknown format {meta!r}; expected format {META_FORMAT}")
+    if not isinstance(meta, dict) or meta.get("format") not in META_FORMATS:
+        raise MetaMismatchError(
+            f"{path}: unknown format {meta!r}; this version reads formats "
+            f"{', '.join(map(str, META_FORMATS))}"
+        )
     if not isinstance(meta.get("num_partitions"), int) or meta["num_partitions"] < 1:
         raise MetaMismatchError(f"{path}: num_partitions must be an int >= 1, got {meta!r}")
     return meta
@@ -62,6 +101,10 @@ class StateLog:
         self.fs = fs
         self._partitions = partitions
         self._lock_fd = lock_fd
+        self.journal: Journal | None = None
+        self.checkpoint = Checkpoint()
+        # Partitions with frames in the journal that no checkpoint has synced yet.
+        self.pinned: set[int] = set()
 
     @classmethod
     def open(
@@ -70,15 +113,17 @@ class StateLog:
         num_partitions: int | None,
         *,
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        journal_segment_bytes: int = DEFAULT_JOURNAL_SEGMENT_BYTES,
         fs: FileOps | None = None,
         lock: bool = True,
     ) -> StateLog:
         """Open (creating if need be) a data directory for `num_partitions` partitions.
 
-        With lock=True, takes DATA/LOCK (LogLockedError if another holder has it) and may
-        write. With lock=False (read-only tools), writes nothing, and num_partitions may
-        be None to take it from DATA/meta. Partitions are not recovered here: call
-        partition(p).open() for each, so one damaged partition does not stop the rest."""
+        With lock=True, takes DATA/LOCK (LogLockedError if another holder has it), may
+        write, and recovers the journal (module docstring). With lock=False (read-only
+        tools), writes nothing, and num_partitions may be None to take it from
+        DATA/meta. Partitions are not opened here: call partition(p).open() for each, so
+        one damaged partition does not stop the rest."""
         data_dir = os.fspath(data_dir)
         fs = fs or FileOps()
         if num_partitions is not None and num_partitions < 1:
@@ -90,18 +135,28 @@ class StateLog:
                 fs.fsync_dir(os.path.dirname(os.path.abspath(data_dir)))
             lock_fd = _take_lock(fs, data_dir)
         try:
-            num_partitions = _check_meta(fs, data_dir, num_partitions, create=lock)
+            num_partitions, meta_format = _check_meta(fs, data_dir, num_partitions, create=lock)
+            log = cls(data_dir, num_partitions, [], fs, lock_fd)
+            log._partitions = [
+                PartitionLog(
+                    p,
+                    partition_dir(data_dir, p),
+                    fs=fs,
+                    segment_bytes=segment_bytes,
+                    writable=lock,
+                    journal=log._journal_entries if lock else None,
+                )
+                for p in range(num_partitions)
+            ]
+            if lock:
+                if meta_format == 1:
+                    _migrate(fs, data_dir, num_partitions)
+                log._recover_journal(journal_segment_bytes)
         except BaseException:
             if lock_fd is not None:
                 fs.close(lock_fd)
             raise
-        partitions = [
-            PartitionLog(
-                p, partition_dir(data_dir, p), fs=fs, segment_bytes=segment_bytes, writable=lock
-            )
-            for p in range(num_partitions)
-        ]
-        return cls(data_dir, num_partitions, partitions, fs, lock_fd)
+        return log
 
     def partition(self, partition: int) -> PartitionLog:
         if not 0 <= partition < self.num_partitions:
@@ -112,19 +167,126 @@ class StateLog:
     def partitions(self) -> list[PartitionLog]:
         return list(self._partitions)
 
+    # -- the journal -------------------------------------------------------------------
+
+    @property
+    def journal_dir(self) -> str:
+        return journal_dir(self.data_dir)
+
+    def _recover_journal(self, segment_bytes: int) -> None:
+        fs, directory = self.fs, self.journal_dir
+        old = read_checkpoint(fs, directory)
+        scan = scan_journal(fs, directory, old.lowest_lsn(), keep_torn_tail=True)
+        caught_up: dict[int, tuple[int, int, int]] = {}
+        for p, log in enumerate(self._partitions):
+            synced = old.partitions.get(p, PartitionCheckpoint(0, 0, 0, 0))
+            try:
+                caught_up[p] = catch_up(
+                    fs, log.partition_dir, synced, entries_of(scan.records, p, synced.lsn)
+                ).position
+            except (LogCorruptionError, OSError) as exc:
+                log.refuse_open(exc)
+                self.pinned.add(p)
+        # After every segment there is, and every LSN the old checkpoint names: a
+        # record must never sort below a checkpoint that already counts past it.
+        at_least = max([scan.end_lsn, *(c.lsn for c in old.partitions.values())])
+        self.journal = Journal.start(fs, directory, segment_bytes, at_least=at_least)
+        start = self.journal.end_lsn
+        partitions = dict(old.partitions)
+        for p, position in caught_up.items():
+            partitions[p] = PartitionCheckpoint(start, *position)
+        self.checkpoint = Checkpoint(partitions)
+        write_checkpoint(fs, directory, self.checkpoint)
+        self.journal.delete_below(self.checkpoint.lowest_lsn())
+
+    def _journal_entries(self, partition: int) -> list[JournalEntry]:
+        """The frames of one partition in the journal since its checkpoint (a partition
+        repairing itself while the daemon runs; the journal may be growing)."""
+        entry = self.checkpoint.partitions.get(partition)
+        lsn = 0 if entry is None else entry.lsn
+        records = scan_journal(self.fs, self.journal_dir, lsn, live=True).records
+        return list(entries_of(records, partition, lsn))
+
+    def take_checkpoint(self, lsn: int, written: set[int]) -> dict[int, BaseException]:
+        """Make every partition in `written` durable in its own files (fdatasync), then
+        record CHECKPOINT at `lsn` and delete the journal below what is still needed.
+        Every record below `lsn` must have been applied to the files. Runs in a thread
+        of its own; returns the partitions whose sync failed (they stay pinned to the
+        journal until a later checkpoint syncs them)."""
+        failures: dict[int, BaseException] = {}
+        partitions = dict(self.checkpoint.partitions)
+        for p, log in enumerate(self._partitions):
+            if log.failure is not None:
+                continue  # stopped: its own entry stands until it has repaired itself
+            if p in written or p in self.pinned:
+                try:
+                    position = log.sync_for_checkpoint()
+                except PartitionFailedError:
+                    continue  # it stopped meanwhile (same as above)
+                except BaseException as exc:
+                    failures[p] = exc
+                    continue
+            elif not log.is_open:
+                # Not written since its checkpoint (nor ever opened here): what its files
+                # had then is all there is.
+                if p not in partitions:
+                    continue
+                position = (partitions[p].segment, partitions[p].size, partitions[p].next_offset)
+            else:
+                position = log.synced
+            partitions[p] = PartitionCheckpoint(lsn, *position)
+        checkpoint = Checkpoint(partitions)
+        write_checkpoint(self.fs, self.journal_dir, checkpoint)
+        self.checkpoint = checkpoint
+        synced = {p for p, c in partitions.items() if c.lsn == lsn}
+        self.pinned = (self.pinned | written) - synced
+        if self.journal is not None:
+            self.journal.delete_below(checkpoint.lowest_lsn())
+        return failures
+
     def close(self) -> None:
-        """Close every partition and release DATA/LOCK."""
-        for partition in self._partitions:
-            partition.close()
-        if self._lock_fd is not None:
-            fd, self._lock_fd = self._lock_fd, None
-            self.fs.close(fd)  # closing the descriptor releases the flock
+        """Close every partition and release DATA/LOCK. Writable: a last checkpoint
+        first, so what offline writers committed is recorded as on disk."""
+        try:
+            if self.journal is not None and self._lock_fd is not None:
+                open_partitions = {p for p, log in enumerate(self._partitions) if log.is_open}
+                self.take_checkpoint(self.journal.end_lsn, open_partitions & self.pinned)
+                self.journal.close()
+        finally:
+            for partition in self._partitions:
+                partition.close()
+            if self._lock_fd is not None:
+                fd, self._lock_fd = self._lock_fd, None
+                self.fs.close(fd)  # closing the descriptor releases the flock
 
     def __enter__(self) -> StateLog:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _migrate(fs: FileOps, data_dir: str, num_partitions: int) -> None:
+    """Format 1 to 2 (module docstring): every partition file is on disk already."""
+    directory = journal_dir(data_dir)
+    if not fs.exists(directory):
+        fs.mkdir(directory)
+        fs.fsync_dir(data_dir)
+    partitions = {}
+    for p in range(num_partitions):
+        files = list_log_files(fs, partition_dir(data_dir, p))
+        if files:
+            base, path = files[-1]
+            scan = scan_segment(fs, path, base)
+            next_offset = base if scan.last_offset is None else scan.last_offset + 1
+            partitions[p] = PartitionCheckpoint(0, base, scan.valid_size, next_offset)
+    write_checkpoint(fs, directory, Checkpoint(partitions))
+    write_file_atomically(
+        fs,
+        os.path.join(data_dir, META_FILE),
+        json.dumps({"format": META_FORMAT, "num_partitions": num_partitions}).encode() + b"\n",
+    )
+    _log.info("%s: migrated to data directory format %d (a journal)", data_dir, META_FORMAT)
 
 
 def _take_lock(fs: FileOps, data_dir: str) -> int:
@@ -142,25 +304,33 @@ def _take_lock(fs: FileOps, data_dir: str) -> int:
     return fd
 
 
-def _check_meta(fs: FileOps, data_dir: str, num_partitions: int | None, *, create: bool) -> int:
+def _check_meta(
+    fs: FileOps, data_dir: str, num_partitions: int | None, *, create: bool
+) -> tuple[int, int]:
+    """(num_partitions, format) of the directory, creating it in the current format."""
     path = os.path.join(data_dir, META_FILE)
     if not fs.exists(path) and create:
         if num_partitions is None:
             raise ValueError(f"{data_dir} is new: num_partitions is required to create it")
-        # Meta goes last: once it exists, every partition directory does, and a missing
-        # one is damage (PartitionLog.open refuses it), never a fresh start.
+        # Meta goes last: once it exists, every partition directory and the journal
+        # do, and a missing one is damage, never a fresh start.
         _make_partition_dirs(fs, data_dir, num_partitions)
+        directory = journal_dir(data_dir)
+        if not fs.exists(directory):
+            fs.mkdir(directory)
+            fs.fsync_dir(data_dir)
+        write_checkpoint(fs, directory, Checkpoint())
         meta = {"format": META_FORMAT, "num_partitions": num_partitions}
         write_file_atomically(fs, path, json.dumps(meta).encode() + b"\n")
-        return num_partitions
-    found: int = read_meta(data_dir, fs)["num_partitions"]
-    if num_partitions is not None and found != num_partitions:
+        return num_partitions, META_FORMAT
+    found = read_meta(data_dir, fs)
+    if num_partitions is not None and found["num_partitions"] != num_partitions:
         raise MetaMismatchError(
-            f"{data_dir} was created with num_partitions={found} (recorded in {path}); "
-            f"refusing to open it with num_partitions={num_partitions}: the number of state "
-            "partitions is fixed for a data directory"
+            f"{data_dir} was created with num_partitions={found['num_partitions']} (recorded "
+            f"in {path}); refusing to open it with num_partitions={num_partitions}: the number "
+            "of state partitions is fixed for a data directory"
         )
-    return found
+    return int(found["num_partitions"]), int(found["format"])
 
 
 def _make_partition_dirs(fs: FileOps, data_dir: str, num_partitions: int) -> None:

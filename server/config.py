@@ -379,6 +379,34 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         "share.coordinator.write.timeout.ms",
     ),
     _int(
+        "journal_segment_bytes",
+        16 * 1024 * 1024,
+        "Size of each segment of the shared journal (DATA/journal): one record there and "
+        "one fdatasync make a whole group commit durable. Segments are created, "
+        "zero-filled, ahead of need.",
+        at_least(64 * 1024),
+    ),
+    _ms(
+        "journal_checkpoint_interval_ms",
+        10_000,
+        "How often a checkpoint fsyncs the partition files written since the last one "
+        "and lets the journal below go (also every journal_checkpoint_bytes).",
+        kafka_name="log.flush.offset.checkpoint.interval.ms",
+    ),
+    _int(
+        "journal_checkpoint_bytes",
+        8 * 1024 * 1024,
+        "Journal bytes written after which a checkpoint runs, whatever the time.",
+        at_least(1),
+    ),
+    _int(
+        "journal_max_bytes",
+        1024 * 1024 * 1024,
+        "Journal bytes a checkpoint cannot free (a partition whose files will not sync) "
+        "after which writes answer 15 until one can.",
+        at_least(1024 * 1024),
+    ),
+    _int(
         "append_linger_ms",
         0,
         "Extra wait before a group commit to gather more writes. Kafka's default is 5; "
@@ -574,6 +602,10 @@ class ServeConfig:
     cold_partition_snapshot_interval_ms: int
     compaction_commit_interval_ms: int
     write_timeout_ms: int
+    journal_segment_bytes: int
+    journal_checkpoint_interval_ms: int
+    journal_checkpoint_bytes: int
+    journal_max_bytes: int
     append_linger_ms: int
     request_timeout_s: float
     shutdown_timeout_s: float

@@ -521,6 +521,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         config.data_dir,
         config.partitions,
         segment_bytes=config.segment_bytes,
+        journal_segment_bytes=config.journal_segment_bytes,
         fs=coordinator.fs,
     )
     coordinator.log = log
@@ -544,7 +545,12 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
             on_partition_failure=partition_failed,
             linger_ms=config.append_linger_ms,
             on_cycle=_cycle_recorder(metrics),
+            on_checkpoint=lambda seconds, _: metrics.checkpoint_duration.observe(seconds),
+            checkpoint_interval_ms=config.journal_checkpoint_interval_ms,
+            checkpoint_bytes=config.journal_checkpoint_bytes,
+            journal_max_bytes=config.journal_max_bytes,
         )
+        metrics.journal_bytes.set_function(lambda: committer.journal_bytes)
         for partition in owned:
             runtimes[partition] = PartitionRuntime(
                 partition,
@@ -552,6 +558,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 shard_config,
                 metadata=catalog if config.topic_catalog else None,
                 metrics=metrics,
+                exclusive=committer.run_exclusive,
             )
             _track(metrics, runtimes[partition])
         metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))

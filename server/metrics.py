@@ -384,13 +384,25 @@ class ShareCoordinatorMetrics:
         )
         self.fsync_latency = r.histogram(
             "sharecoord_fsync_duration_seconds",
-            "Time to write and fdatasync one state partition's batch in a group commit.",
+            "Time to write and fdatasync a group commit's journal record: the one flush "
+            "that makes every partition of the cycle durable.",
             buckets=LATENCY_BUCKETS,
         )
         self.group_commit_partitions = r.histogram(
             "sharecoord_group_commit_partitions",
-            "State partitions written and fsynced together in one group commit cycle.",
+            "State partitions made durable together by one group commit cycle.",
             buckets=COMMIT_SIZE_BUCKETS,
+        )
+        self.checkpoint_duration = r.histogram(
+            "sharecoord_checkpoint_duration_seconds",
+            "Time a checkpoint took to fsync the partition files written since the last "
+            "one and record CHECKPOINT.",
+            buckets=LATENCY_BUCKETS,
+        )
+        self.journal_bytes = r.gauge(
+            "sharecoord_journal_bytes",
+            "Journal bytes no checkpoint has freed yet (writes are refused past "
+            "journal_max_bytes).",
         )
         self.records_appended = r.counter(
             "sharecoord_records_appended_total",

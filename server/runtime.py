@@ -20,7 +20,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from persistence import LogRecord, PartitionLog
@@ -80,8 +80,12 @@ class PartitionRuntime:
         metadata: TopicMetadata | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
         metrics: ShareCoordinatorMetrics | None = None,
+        exclusive: Callable[[Callable[[], None]], Awaitable[None]] | None = None,
     ) -> None:
         self.partition = partition
+        # Where a reset runs: the commit thread (GroupCommitter.run_exclusive), so it
+        # never overlaps a cycle carrying one of this partition's batches.
+        self._exclusive = exclusive or asyncio.to_thread
         self.log = log
         self._shard_config = shard_config
         self._metadata = metadata
@@ -245,7 +249,7 @@ class PartitionRuntime:
         while not self._closing:
             attempt += 1
             try:
-                await asyncio.to_thread(self._reset_and_replay)
+                await self._exclusive(self._reset_and_replay)
             except LoadStopped:
                 return
             except Exception as exc:

@@ -104,6 +104,8 @@ class CoordinatorService:
         group_id = request.group_id
         num_partitions = self.num_partitions
         runtimes = self.runtimes
+        if rpc is not Rpc.READ_SUMMARY and self.committer.refusing_writes:
+            return self._refuse_while_journal_full(rpc, request)
         results: list[TopicResult[Any]] = []
         # Where each executed entry's result sits, per state partition, with the last
         # offset it must see durable (None: it saw only durable state), so a failed
@@ -178,6 +180,33 @@ class CoordinatorService:
             if entries > failed:
                 failures[errors.NONE] = entries - failed
             self._on_entry_results(rpc, failures)
+        return ShareGroupStateResponse(results)
+
+    def _refuse_while_journal_full(
+        self, rpc: Rpc, request: ShareGroupStateRequest[Any]
+    ) -> ShareGroupStateResponse[Any]:
+        """Every entry answers 15: the journal is at journal_max_bytes because some
+        partition's files will not sync, and a write could no longer be made durable.
+        (Read-summary never writes and is still served.)"""
+        _log.warning(
+            "journal full (%d bytes no checkpoint could free): refusing %s",
+            self.committer.journal_bytes,
+            rpc.value,
+        )
+        results = [
+            TopicResult(
+                topic.topic_id,
+                [
+                    _unavailable(rpc, entry.partition, errors.COORDINATOR_NOT_AVAILABLE)
+                    for entry in topic.partitions
+                ],
+            )
+            for topic in request.topics
+        ]
+        if self._on_entry_results is not None:
+            self._on_entry_results(
+                rpc, {errors.COORDINATOR_NOT_AVAILABLE: request.entry_count()}
+            )
         return ShareGroupStateResponse(results)
 
     async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:

@@ -132,7 +132,7 @@ async def test_a_loading_daemon_answers_14_and_the_call_waits_for_the_load(daemo
     assert client.stats.retries >= 1
 
 
-async def test_a_failed_fsync_answers_15_and_only_that_entry_is_sent_again(
+async def test_a_failed_partition_answers_15_and_only_that_entry_is_sent_again(
     daemons, clients, group, tmp_path
 ):
     control = tmp_path / "failpoints.json"
@@ -144,12 +144,15 @@ async def test_a_failed_fsync_answers_15_and_only_that_entry_is_sent_again(
     failing, healthy = 0, next(p for p, sp in state_partitions.items() if sp != state_partitions[0])
     for p in (failing, healthy):
         await client.initialize(group, TOPIC, p, state_epoch=0, start_offset=0)
-    fault = {
-        "op": "fsync",
-        "errno": "EIO",
-        "path_contains": f"partitions/{state_partitions[failing]}/",
-    }
-    await asyncio.to_thread(write_atomically, control, json.dumps({"faults": [fault]}))
+    # Its file write fails once (the journal already made the record durable: the
+    # partition stops and repairs itself), and its first reloads cannot open its files.
+    where = f"partitions/{state_partitions[failing]}/"
+    faults = [
+        {"op": "write", "errno": "EIO", "path_contains": where, "times": 1},
+        {"op": "open", "errno": "EIO", "path_contains": where, "times": 4},
+    ]
+    await asyncio.to_thread(write_atomically, control, json.dumps({"faults": faults}))
+    await client.initialize(group, TOPIC, failing, state_epoch=0, start_offset=0)
     sent = client.stats.entries_sent
     batches = [StateBatch(5, 6, ACKNOWLEDGED, 1)]
     results = await client.write_many(
@@ -157,7 +160,7 @@ async def test_a_failed_fsync_answers_15_and_only_that_entry_is_sent_again(
         [(TOPIC, WritePartition(p, 0, 0, 5, batches)) for p in (failing, healthy)],
     )
     assert [r.error_code for r in results] == [0, 0]
-    assert await entry_results(daemon, "write", 15) >= 1  # the failed fsync, maybe the reload
+    assert await entry_results(daemon, "write", 15) >= 1  # while the partition reloads
     assert await entry_results(daemon, "write", 0) == 2  # each write applied once
     assert client.stats.retries >= 1
     assert client.stats.entries_sent - sent == 2 + client.stats.retries

@@ -86,6 +86,8 @@ def run_child_until_killed(data_dir: str, segment_bytes: int, rng: random.Random
 
 def record_lines(acked: Acked, synced: dict[str, int], lines: list[str]) -> None:
     for line in lines:
+        if line.startswith("appended "):
+            continue
         first, second, third = line.split()
         if first == "synced":
             synced[second] = int(third)

@@ -11,19 +11,49 @@ import sys
 from pathlib import Path
 
 import pytest
-from log_helpers import append_records, open_log, tree_snapshot, write_records
+from log_helpers import NUM_PARTITIONS, append_records, open_log, tree_snapshot, write_records
 
 from persistence import LogCorruptionError, LogError, LogLockedError, MetaMismatchError, StateLog
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_a_new_directory_gets_meta_and_one_directory_per_partition(data_dir: str) -> None:
+def test_a_new_directory_gets_meta_a_journal_and_one_directory_per_partition(
+    data_dir: str,
+) -> None:
     StateLog.open(data_dir, 3).close()
     with open(os.path.join(data_dir, "meta")) as meta:
-        assert json.load(meta) == {"format": 1, "num_partitions": 3}
+        assert json.load(meta) == {"format": 2, "num_partitions": 3}
     assert sorted(os.listdir(os.path.join(data_dir, "partitions"))) == ["0", "1", "2"]
+    assert "CHECKPOINT" in os.listdir(os.path.join(data_dir, "journal"))
     assert not [n for n in os.listdir(data_dir) if n.endswith(".tmp")]
+
+
+def test_a_format_1_directory_is_migrated_on_its_first_writable_open(data_dir: str) -> None:
+    log = open_log(data_dir)
+    log.partition(1).open()
+    written = write_records(log.partition(1), 5)
+    log.close()
+    # What a format-1 directory was: meta format 1 and no journal.
+    shutil.rmtree(os.path.join(data_dir, "journal"))
+    with open(os.path.join(data_dir, "meta"), "w") as meta:
+        json.dump({"format": 1, "num_partitions": NUM_PARTITIONS}, meta)
+    read_only = StateLog.open(data_dir, None, lock=False)  # read-only: read, not migrated
+    read_only.partition(1).open()
+    assert list(read_only.partition(1).read()) == written
+    read_only.close()
+    assert not os.path.exists(os.path.join(data_dir, "journal"))
+    log = open_log(data_dir)
+    log.partition(1).open()
+    assert list(log.partition(1).read()) == written
+    more = write_records(log.partition(1), 2, 5)
+    log.close()
+    with open(os.path.join(data_dir, "meta")) as meta:
+        assert json.load(meta) == {"format": 2, "num_partitions": NUM_PARTITIONS}
+    log = open_log(data_dir)
+    log.partition(1).open()
+    assert list(log.partition(1).read()) == written + more
+    log.close()
 
 
 def test_a_partition_directory_gone_missing_is_damage_not_a_fresh_start(data_dir: str) -> None:
@@ -66,7 +96,7 @@ def test_reopening_with_another_partition_count_is_refused_with_both_numbers(
 def test_a_meta_file_of_another_format_is_refused(data_dir: str) -> None:
     os.makedirs(data_dir)
     with open(os.path.join(data_dir, "meta"), "w") as meta:
-        json.dump({"format": 2, "num_partitions": 3}, meta)
+        json.dump({"format": 3, "num_partitions": 3}, meta)
     with pytest.raises(MetaMismatchError, match="unknown format"):
         StateLog.open(data_dir, 3)
 

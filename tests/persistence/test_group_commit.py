@@ -28,6 +28,7 @@ from persistence import (
     StateLog,
     verify,
 )
+from persistence.journal import list_journal_segments, read_checkpoint, scan_journal
 
 
 class RecordingFileOps(FaultInjectingFileOps):
@@ -96,23 +97,43 @@ async def test_the_event_loop_guard_is_armed(data_dir: str) -> None:
         os.stat(os.path.dirname(data_dir))
 
 
-async def test_every_partition_dirty_in_a_cycle_is_fsynced_in_that_cycle(data_dir: str) -> None:
+def in_journal(path: str) -> bool:
+    return f"{os.sep}journal{os.sep}" in path
+
+
+async def test_every_partition_dirty_in_a_cycle_shares_one_journal_record_and_fdatasync(
+    data_dir: str,
+) -> None:
     fs = RecordingFileOps()
     log = await opened(data_dir, fs, num_partitions=4)
     committer = GroupCommitter(log)
     committer.start()
     waits = []
+    appended = {}
     for partition in (0, 1, 3):
-        (record,) = append_records(log.partition(partition), 1)
-        waits.append(committer.wait_durable(partition, record.offset))
+        appended[partition] = append_records(log.partition(partition), 2)
+        waits += [committer.wait_durable(partition, r.offset) for r in appended[partition]]
+    before = len(fs.datasynced)
     await asyncio.gather(*waits)
     assert committer.cycles == 1
-    assert sorted(partition_of(path) for path in fs.datasynced) == [0, 1, 3]
+    synced = fs.datasynced[before:]
+    # One flush made three partitions durable; their own files were not synced.
+    assert len([path for path in synced if in_journal(path)]) == 1
+    assert not [path for path in synced if path.endswith(".log")]
+    scan = await asyncio.to_thread(scan_journal, FileOps(), os.path.join(data_dir, "journal"), 0)
+    (record,) = scan.records
+    assert [(e.partition, e.first_offset, e.frame_count) for e in record.entries] == [
+        (0, 0, 2),
+        (1, 0, 2),
+        (3, 0, 2),
+    ]
     await committer.close()
     await asyncio.to_thread(log.close)
+    for partition, records in appended.items():
+        assert await asyncio.to_thread(read_back, data_dir, partition, num_partitions=4) == records
 
 
-async def test_each_cycle_reports_its_partitions_and_their_write_times(data_dir: str) -> None:
+async def test_each_cycle_reports_its_partitions_and_its_one_flush_time(data_dir: str) -> None:
     log = await opened(data_dir, RecordingFileOps(), num_partitions=4)
     cycles: list[tuple[int, list[float]]] = []
     committer = GroupCommitter(log, on_cycle=lambda n, times: cycles.append((n, times)))
@@ -125,8 +146,8 @@ async def test_each_cycle_reports_its_partitions_and_their_write_times(data_dir:
     assert len(cycles) == 1
     count, times = cycles[0]
     assert count == 3
-    assert len(times) == 3
-    assert all(seconds >= 0 for seconds in times)
+    assert len(times) == 1
+    assert times[0] >= 0
     await committer.close()
     await asyncio.to_thread(log.close)
 
@@ -158,7 +179,7 @@ async def test_a_waiter_resolves_only_once_its_offset_is_fsynced(data_dir: str) 
     await asyncio.to_thread(log.close)
 
 
-async def test_a_failed_fsync_fails_exactly_that_partitions_waiters(data_dir: str) -> None:
+async def test_a_failed_journal_fsync_fails_every_waiter_of_its_cycle(data_dir: str) -> None:
     fs = FaultInjectingFileOps()
     log = await opened(data_dir, fs)
     failures: list[tuple[int, BaseException]] = []
@@ -166,27 +187,25 @@ async def test_a_failed_fsync_fails_exactly_that_partitions_waiters(data_dir: st
     committer.start()
     acknowledged = {p: await append_and_wait(committer, log, p, 2) for p in range(3)}
 
-    fs.fail("fsync", errno.EIO, path_contains="partitions/1/")
+    fs.fail("fdatasync", errno.EIO, path_contains="journal/")
     appended = {p: append_records(log.partition(p), 2, first=2) for p in range(3)}
     waits = [committer.wait_durable(p, r.offset) for p in range(3) for r in appended[p]]
     outcomes = await asyncio.gather(*waits, return_exceptions=True)
 
-    assert outcomes[:2] == [None, None]
-    assert outcomes[4:] == [None, None]
-    for failed in outcomes[2:4]:
+    # They shared the flush: they share its failure.
+    for failed in outcomes:
         assert isinstance(failed, DurabilityError)
-        assert failed.partition == 1
         assert isinstance(failed.cause, OSError)
         assert failed.cause.errno == errno.EIO
-    assert [(p, e.errno) for p, e in failures if isinstance(e, OSError)] == [(1, errno.EIO)]
-    assert len(failures) == 1
-    assert log.partition(1).durable_end_offset == 2
+    assert sorted(p for p, _ in failures) == [0, 1, 2]
+    assert [log.partition(p).durable_end_offset for p in range(3)] == [2, 2, 2]
     with pytest.raises(PartitionFailedError):
         log.partition(1).append(*record_fields(9))
     await committer.wait_durable(1, 1)  # what was durable before still is
 
-    report = await asyncio.to_thread(log.partition(1).reset_to_durable)
-    assert report.log_end_offset == 2
+    for p in range(3):
+        report = await asyncio.to_thread(log.partition(p).reset_to_durable)
+        assert report.log_end_offset == 2
     again = await append_and_wait(committer, log, 1, 2, first=20)
     assert [r.offset for r in again] == [2, 3]
     await committer.close()
@@ -194,25 +213,56 @@ async def test_a_failed_fsync_fails_exactly_that_partitions_waiters(data_dir: st
 
     on_disk = await asyncio.to_thread(read_back, data_dir, 1, num_partitions=3)
     assert on_disk == acknowledged[1] + again
+    assert await asyncio.to_thread(read_back, data_dir, 0, num_partitions=3) == acknowledged[0]
     assert (await asyncio.to_thread(verify, data_dir)).ok
 
 
-async def test_one_barrier_settles_every_partition_and_names_the_failed_one(
+async def test_a_failed_partition_write_fails_that_partition_alone_and_loses_nothing(
+    data_dir: str,
+) -> None:
+    """The journal record was durable: the cycle's waiters are answered, the partition
+    whose file write failed stops, and its reset writes the frames in from the journal."""
+    fs = FaultInjectingFileOps()
+    log = await opened(data_dir, fs)
+    failures: list[tuple[int, BaseException]] = []
+    committer = GroupCommitter(log, on_partition_failure=lambda p, e: failures.append((p, e)))
+    committer.start()
+    acknowledged = {p: await append_and_wait(committer, log, p, 2) for p in range(3)}
+    fs.fail("write", errno.ENOSPC, path_contains="partitions/1/", short_write=True)
+    appended = {p: append_records(log.partition(p), 2, first=2) for p in range(3)}
+    await asyncio.gather(
+        *(committer.wait_durable(p, r.offset) for p in range(3) for r in appended[p])
+    )
+    assert [(p, e.errno) for p, e in failures if isinstance(e, OSError)] == [(1, errno.ENOSPC)]
+    with pytest.raises(PartitionFailedError):
+        log.partition(1).append(*record_fields(9))
+    report = await asyncio.to_thread(log.partition(1).reset_to_durable)
+    assert report.log_end_offset == 4
+    await committer.close()
+    await asyncio.to_thread(log.close)
+    for p in range(3):
+        on_disk = await asyncio.to_thread(read_back, data_dir, p, num_partitions=3)
+        assert on_disk == acknowledged[p] + appended[p]
+    assert (await asyncio.to_thread(verify, data_dir)).ok
+
+
+async def test_one_barrier_settles_every_partition_and_names_the_failed_ones(
     data_dir: str,
 ) -> None:
     fs = FaultInjectingFileOps()
     log = await opened(data_dir, fs)
     committer = GroupCommitter(log)
     committer.start()
-    fs.fail("fsync", errno.EIO, path_contains="partitions/2/")
-    targets = {p: append_records(log.partition(p), 3)[-1].offset for p in range(3)}
+    await append_and_wait(committer, log, 2, 1)  # the journal's segments exist by now
+    fs.fail("write", errno.EIO, path_contains="journal/")
+    targets = {p: append_records(log.partition(p), 3)[-1].offset for p in range(2)}
     barrier = committer.wait_durable_many(targets)
     failed = await barrier.future
-    assert list(failed) == [2]
-    assert isinstance(failed[2], DurabilityError)
-    assert failed[2].cause.errno == errno.EIO
+    assert sorted(failed) == [0, 1]
+    assert isinstance(failed[0], DurabilityError)
+    assert failed[0].cause.errno == errno.EIO
     assert not barrier.pending
-    assert [log.partition(p).durable_end_offset for p in range(3)] == [3, 3, 0]
+    assert [log.partition(p).durable_end_offset for p in range(3)] == [0, 0, 1]
     await committer.close()
     await asyncio.to_thread(log.close)
 
@@ -234,10 +284,11 @@ async def test_waiters_appended_after_the_failed_batch_fail_too(data_dir: str) -
     log = await opened(data_dir, fs)
     committer = GroupCommitter(log)
     committer.start()
-    fs.fail("fdatasync", errno.EIO, path_contains="partitions/0/")
+    fs.fail("fdatasync", errno.EIO, path_contains="journal/")
     (first,) = append_records(log.partition(0), 1)
     first_durable = committer.wait_durable(0, first.offset)
-    await fs.next_fdatasync()
+    while not in_journal(await fs.next_fdatasync()):
+        fs.permits.release()  # creating the journal's segments
     (later,) = append_records(log.partition(0), 1, first=1)  # after the failing batch
     later_durable = committer.wait_durable(0, later.offset)
     fs.permits.release()
@@ -247,98 +298,56 @@ async def test_waiters_appended_after_the_failed_batch_fail_too(data_dir: str) -
     with pytest.raises(DurabilityError):
         await committer.wait_durable(0, later.offset)  # a failed partition answers at once
     assert log.partition(0).durable_end_offset == 0
+    fs.permits.release(100)
     await committer.close()
     await asyncio.to_thread(log.close)
 
 
-async def test_a_short_write_is_cut_back_to_the_durable_end(data_dir: str) -> None:
+async def test_after_a_failed_journal_write_the_next_record_goes_to_a_fresh_segment(
+    data_dir: str,
+) -> None:
+    """Never append after a failed write or fsync on a journal segment: what the failed
+    record left there is zeroed, and a restart replays neither it nor a gap."""
     fs = FaultInjectingFileOps()
     log = await opened(data_dir, fs)
     committer = GroupCommitter(log)
     committer.start()
     kept = await append_and_wait(committer, log, 0, 3)
-    fs.fail("write", errno.ENOSPC, path_contains="partitions/0/", short_write=True)
+    journal = os.path.join(data_dir, "journal")
+    fs.fail("fdatasync", errno.EIO, path_contains="journal/")
     (lost,) = append_records(log.partition(0), 1, first=3)
-    with pytest.raises(DurabilityError) as failed:
+    with pytest.raises(DurabilityError):
         await committer.wait_durable(0, lost.offset)
-    assert isinstance(failed.value.cause, OSError)
-    assert failed.value.cause.errno == errno.ENOSPC
-    segment = log.partition(0).segments[-1].path
-    # Half a frame landed, and was cut before the waiter heard of the failure: a crash
-    # from here on cannot replay what was answered as failed.
-    assert await asyncio.to_thread(os.path.getsize, segment) == 3 * FRAME_SIZE
-
     await asyncio.to_thread(log.partition(0).reset_to_durable)
-    assert await asyncio.to_thread(os.path.getsize, segment) == 3 * FRAME_SIZE
     more = await append_and_wait(committer, log, 0, 2, first=10)
+    segments = await asyncio.to_thread(list_journal_segments, FileOps(), journal)
+    scan = await asyncio.to_thread(scan_journal, FileOps(), journal, 0)
+    kept_record, next_record = scan.records
+    # The failed record is gone (zeroed); the next one opened the next segment.
+    assert [e.first_offset for e in kept_record.entries] == [0]
+    assert [e.first_offset for e in next_record.entries] == [3]
+    assert kept_record.lsn < segments[1][0] == next_record.lsn
     await committer.close()
     await asyncio.to_thread(log.close)
     assert await asyncio.to_thread(read_back, data_dir, 0, num_partitions=3) == kept + more
 
 
-async def test_a_failed_fsync_cuts_the_unsynced_frames_before_the_waiters_hear(
-    data_dir: str,
-) -> None:
-    """Whole frames written but not fsynced are cut (in the page cache) before a waiter
-    learns of the failure, even while the reset cannot run (every fsync fails), so a
-    process that dies then does not replay them."""
-    fs = FaultInjectingFileOps()
+async def test_a_roll_fsyncs_the_segment_it_seals(data_dir: str) -> None:
+    fs = RecordingFileOps()
     log = await opened(data_dir, fs, segment_bytes=3 * FRAME_SIZE)
     committer = GroupCommitter(log)
     committer.start()
-    kept = await append_and_wait(committer, log, 0, 2)
-    fs.fail("fsync", errno.EIO, path_contains="partitions/0/", times=None)
-    appended = append_records(log.partition(0), 3, first=2)  # written, then the fsync fails
-    outcomes = await asyncio.gather(
-        *(committer.wait_durable(0, r.offset) for r in appended), return_exceptions=True
-    )
-    assert all(isinstance(o, DurabilityError) for o in outcomes)
-    assert all(o.durable_end_offset == 2 for o in outcomes)  # type: ignore[union-attr]
+    appended = await append_and_wait(committer, log, 0, 5)  # 0-2 fill a segment, 3-4 roll
     directory = log.partition(0).partition_dir
-    names = sorted(await asyncio.to_thread(os.listdir, directory))
-    assert names == ["00000000000000000000.log"]
-    assert await asyncio.to_thread(os.path.getsize, segment_file(directory, 0)) == 2 * FRAME_SIZE
-    with pytest.raises(OSError, match="injected"):
-        await asyncio.to_thread(log.partition(0).reset_to_durable)
+    assert segment_file(directory, 0) in fs.datasynced
+    assert segment_file(directory, 3) not in fs.datasynced
     await committer.close()
     await asyncio.to_thread(log.close)
-    fs.clear()
-    on_disk = await asyncio.to_thread(
-        read_back, data_dir, 0, num_partitions=3, segment_bytes=3 * FRAME_SIZE
-    )
-    assert on_disk == kept
+    assert await asyncio.to_thread(read_back, data_dir, 0, num_partitions=3) == appended
 
 
 def segment_file(directory: str, base: int) -> str:
     return os.path.join(directory, f"{base:020d}.log")
-
-
-async def test_a_failure_after_a_roll_keeps_what_the_fsync_before_the_roll_covered(
-    data_dir: str,
-) -> None:
-    fs = FaultInjectingFileOps()
-    log = await opened(data_dir, fs, segment_bytes=3 * FRAME_SIZE)
-    committer = GroupCommitter(log)
-    committer.start()
-    fs.fail("write", errno.EIO, path_contains="00000000000000000003.log")
-    appended = append_records(log.partition(0), 5)  # one batch: 0-2 fill a segment, 3-4 roll
-    outcomes = await asyncio.gather(
-        *(committer.wait_durable(0, r.offset) for r in appended), return_exceptions=True
-    )
-    assert outcomes[:3] == [None, None, None]
-    assert all(isinstance(o, DurabilityError) for o in outcomes[3:])
-    assert log.partition(0).durable_end_offset == 3
-
-    await asyncio.to_thread(log.partition(0).reset_to_durable)
-    assert [s.base_offset for s in log.partition(0).segments] == [0]
-    more = await append_and_wait(committer, log, 0, 4, first=10)
-    assert [s.base_offset for s in log.partition(0).segments] == [0, 3, 6]
-    await committer.close()
-    await asyncio.to_thread(log.close)
-    on_disk = await asyncio.to_thread(
-        read_back, data_dir, 0, num_partitions=3, segment_bytes=3 * FRAME_SIZE
-    )
-    assert on_disk == appended[:3] + more
 
 
 async def test_reset_to_durable_can_be_retried_when_it_fails(data_dir: str) -> None:
@@ -347,7 +356,7 @@ async def test_reset_to_durable_can_be_retried_when_it_fails(data_dir: str) -> N
     committer = GroupCommitter(log)
     committer.start()
     kept = await append_and_wait(committer, log, 2, 2)
-    fs.fail("write", errno.EIO, path_contains="partitions/2/", short_write=True)
+    fs.fail("fdatasync", errno.EIO, path_contains="journal/")
     (lost,) = append_records(log.partition(2), 1, first=2)
     with pytest.raises(DurabilityError):
         await committer.wait_durable(2, lost.offset)
@@ -387,20 +396,95 @@ async def test_waiting_for_an_offset_never_appended_is_an_error(data_dir: str) -
     await asyncio.to_thread(log.close)
 
 
+async def test_a_checkpoint_syncs_the_written_partitions_and_frees_the_journal(
+    data_dir: str,
+) -> None:
+    fs = RecordingFileOps()
+    log = await opened(data_dir, fs, num_partitions=3)
+    committer = GroupCommitter(log, checkpoint_bytes=1)  # after every cycle
+    committer.start()
+    for round_number in range(5):
+        await append_and_wait(committer, log, round_number % 2, 2, first=round_number * 2)
+    await committer.close()
+    assert committer.checkpoints >= 2
+    checkpoint = await asyncio.to_thread(
+        read_checkpoint, FileOps(), os.path.join(data_dir, "journal")
+    )
+    for p in (0, 1):
+        synced = checkpoint.partitions[p]
+        assert synced.next_offset == log.partition(p).log_end_offset
+        assert synced.size == log.partition(p).size_bytes
+        assert synced.lsn == log.journal.end_lsn if log.journal else False
+    assert [path for path in fs.datasynced if path.endswith(".log")]
+    await asyncio.to_thread(log.close)
+
+
+async def test_a_failed_checkpoint_fsync_keeps_the_journal_and_stops_that_partition(
+    data_dir: str,
+) -> None:
+    fs = FaultInjectingFileOps()
+    log = await opened(data_dir, fs, num_partitions=2)
+    failures: list[int] = []
+    failed = asyncio.Event()
+
+    def on_failure(partition: int, error: BaseException) -> None:
+        failures.append(partition)
+        failed.set()
+
+    committer = GroupCommitter(log, checkpoint_bytes=1, on_partition_failure=on_failure)
+    committer.start()
+    fs.fail("fdatasync", errno.EIO, path_contains="partitions/1/", times=None)
+    kept = {p: await append_and_wait(committer, log, p, 2) for p in range(2)}
+    await failed.wait()  # the checkpoint after the cycle meets the fault
+    assert failures == [1]
+    pinned_lsn = log.checkpoint.partitions.get(1)
+    more = await append_and_wait(committer, log, 0, 2, first=2)  # the others go on
+    assert log.checkpoint.partitions.get(1) == pinned_lsn  # its frames stay in the journal
+    fs.clear()
+    await asyncio.to_thread(log.partition(1).reset_to_durable)
+    await committer.close()
+    await asyncio.to_thread(log.close)
+    assert await asyncio.to_thread(read_back, data_dir, 0, num_partitions=2) == kept[0] + more
+    assert await asyncio.to_thread(read_back, data_dir, 1, num_partitions=2) == kept[1]
+
+
+async def test_past_journal_max_bytes_writes_are_refused(data_dir: str) -> None:
+    fs = FaultInjectingFileOps()
+    log = await opened(data_dir, fs, num_partitions=2)
+    committer = GroupCommitter(log, checkpoint_bytes=1, journal_max_bytes=4 * FRAME_SIZE)
+    committer.start()
+    fs.fail("fdatasync", errno.EIO, path_contains="partitions/1/", times=None)
+    await append_and_wait(committer, log, 1, 1)
+    assert not committer.refusing_writes
+    for first in range(0, 40, 4):
+        await append_and_wait(committer, log, 0, 4, first=first)
+    assert committer.refusing_writes  # partition 1 pins the journal
+    fs.clear()
+    await asyncio.to_thread(log.partition(1).reset_to_durable)
+    await append_and_wait(committer, log, 1, 1, first=1)
+    while committer.refusing_writes:
+        await append_and_wait(committer, log, 0, 1, first=100)
+    await committer.close()
+    await asyncio.to_thread(log.close)
+
+
 async def test_nothing_unacknowledged_is_ever_reported_durable(data_dir: str) -> None:
-    """Random appends across partitions with random write and fsync faults: after
-    failed partitions are reset, the disk holds exactly the acknowledged records."""
+    """Random appends across partitions with random journal and partition faults: after
+    failed partitions are reset, the disk holds the acknowledged records, and of the
+    others only those a partition write failure left in the journal (a durable record
+    whose file write failed is answered: it is no longer unknown)."""
     rng = random.Random(932)
     fs = FaultInjectingFileOps()
     log = await opened(data_dir, fs, segment_bytes=8 * FRAME_SIZE)
-    committer = GroupCommitter(log)
+    committer = GroupCommitter(log, checkpoint_bytes=4 * FRAME_SIZE)
     committer.start()
     acknowledged: dict[int, list[LogRecord]] = {p: [] for p in range(3)}
     failed_rounds = 0
     for round_number in range(40):
         if rng.random() < 0.3:
             op = rng.choice(["write", "fdatasync", "fsync_dir"])
-            fs.fail(op, errno.EIO, path_contains=f"partitions/{rng.randrange(3)}/")
+            where = rng.choice(["journal/", *(f"partitions/{p}/" for p in range(3))])
+            fs.fail(op, errno.EIO, path_contains=where)
         batches = {
             p: append_records(log.partition(p), rng.randint(1, 6), round_number * 10)
             for p in range(3)

@@ -106,8 +106,9 @@ async def test_an_entry_made_durable_before_a_failed_roll_is_answered_as_it_is(
 ):
     """One request, two entries on one state partition; the first entry's record is the
     last to fit the active segment, the second's rolls a new one, and the roll (or the
-    write after it) fails. The first record was fsynced before the roll: whatever the
-    answer says about each entry must be what a reload, and a restart, show."""
+    write after it) fails. Both records were in the cycle's journal record, durable
+    before either touched the segment: both are answered, the partition repairs its
+    files from the journal, and a reload and a restart show both."""
     control = tmp_path / "failpoints.json"
     data_dir = tmp_path / "data"
     daemon = await spawn(
@@ -134,8 +135,9 @@ async def test_an_entry_made_durable_before_a_failed_roll_is_answered_as_it_is(
         await arm(control, {**fault, "path_contains": "partitions/0/", "times": 1})
         results = await api.results("write", body("roll", (TOPIC, [first, second])))
         codes = [r["error_code"] for r in results]
-        # The first record was fsynced before the roll: it is durable, and said so.
-        assert codes == [0, 15], results
+        # The journal made both durable before the roll was tried.
+        assert codes == [0, 0], results
+        model.acked[1] = second_expected
         await arm(control)
         deadline = time.monotonic() + DEADLINE_S
         while (await api.admin_state("roll", TOPIC, 0)).status != 200:
@@ -152,7 +154,6 @@ async def test_an_entry_made_durable_before_a_failed_roll_is_answered_as_it_is(
         api = Api(session, daemon.url)
         assert model.acked[0].matches(await api.state("roll", TOPIC, 0)), codes
         assert model.acked[1].matches(await api.state("roll", TOPIC, 1))
-    del second_expected
 
 
 # --- a disk that fails while the daemon loads ---------------------------------------------
@@ -210,19 +211,20 @@ async def test_a_partition_whose_disk_fails_while_loading_serves_once_the_fault_
 @pytest.mark.parametrize(
     "faults",
     [
-        [{"op": "fsync", "errno": "EIO", "times": None}],
-        # Half of a three-frame write lands (a whole frame and a bit); the fsync fault
-        # keeps the reload from cutting it before the kill.
+        [{"op": "fdatasync", "errno": "EIO", "times": None}],
+        # Half of the journal record lands; the fsync fault keeps anything after it from
+        # being made durable before the kill.
         [
             {"op": "write", "errno": "ENOSPC", "short_write": True, "times": 1},
-            {"op": "fsync", "errno": "EIO", "times": None, "after": 1},
+            {"op": "fdatasync", "errno": "EIO", "times": None, "after": 1},
         ],
     ],
     ids=["fsync-eio", "short-write"],
 )
 async def test_entries_answered_15_stay_invisible_after_a_crash(spawn, tmp_path, faults):
-    """SIGKILL while the partition is still failed: what its entries were answered 15 for
-    was written to the file but never fsynced, and the restart must not replay it."""
+    """SIGKILL while the journal is failing: what the entries were answered 15 for was
+    written to the journal (whole, or in part) but never made durable, and the restart
+    must not replay it."""
     control = tmp_path / "failpoints.json"
     data_dir = tmp_path / "data"
     keys = partitions_in(0, 1, group_id="after15", count=3)
@@ -232,7 +234,7 @@ async def test_entries_answered_15_stay_invisible_after_a_crash(spawn, tmp_path,
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, "msgpack")
         assert await api.codes("initialize", model.init_body()) == [0, 0, 0]
-        await arm(control, *({**f, "path_contains": "partitions/0/"} for f in faults))
+        await arm(control, *({**f, "path_contains": "journal/"} for f in faults))
         writes = [next_write(rng, k, model.acked[k]) for k in keys]
         codes = await api.codes("write", body("after15", (TOPIC, [e for e, _ in writes])))
         assert codes == [15, 15, 15]

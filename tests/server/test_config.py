@@ -116,6 +116,10 @@ ACCEPTED = [
     ("compaction_commit_interval_ms", "1", 1),
     ("write_timeout_ms", "1", 1),
     ("append_linger_ms", "0", 0),
+    ("journal_segment_bytes", "65536", 65536),
+    ("journal_checkpoint_interval_ms", "1", 1),
+    ("journal_checkpoint_bytes", "1", 1),
+    ("journal_max_bytes", "1048576", 1048576),
     ("request_timeout_s", "0.001", 0.001),
     ("shutdown_timeout_s", "0", 0.0),
     ("log_level", "DEBUG", "debug"),
@@ -146,6 +150,9 @@ REJECTED = [
     ("compaction_commit_interval_ms", "0", "must be >= 1"),
     ("write_timeout_ms", "0", "must be >= 1"),
     ("append_linger_ms", "-1", "must be >= 0"),
+    ("journal_segment_bytes", "65535", "must be >= 65536"),
+    ("journal_checkpoint_interval_ms", "0", "must be >= 1"),
+    ("journal_max_bytes", "1", "must be >= 1048576"),
     ("request_timeout_s", "0", "must be > 0"),
     ("request_timeout_s", "inf", "expected a finite number"),
     ("request_timeout_s", "nan", "expected a finite number"),
@@ -471,6 +478,8 @@ def test_settings_with_a_kafka_counterpart_carry_kafka_names():
         ),
         "write_timeout_ms": "share.coordinator.write.timeout.ms",
         "append_linger_ms": "share.coordinator.append.linger.ms",
+        # Kafka's "persistent record of the last flush", its log recovery point.
+        "journal_checkpoint_interval_ms": "log.flush.offset.checkpoint.interval.ms",
     }
 
 

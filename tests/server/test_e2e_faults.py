@@ -2,11 +2,12 @@
 docs/design.md#recovery).
 
 The daemon runs with ``SHARECOORD_FAILPOINTS`` naming a control file; a fault is armed for
-one state partition's directory while writes go to keys of that partition and of the
-others. The faulty partition's entries answer 15, the others succeed in the same
-request; once the fault is cleared the partition reloads from disk and serves again; and
-every acknowledged write is visible exactly while no write answered 15 ever is — also
-after a restart.
+one state partition's directory (its files' writes, or their fsyncs at a checkpoint) or
+for the journal, while writes go to keys of that partition and of the others. A failing
+partition stops and answers 15 alone, the others go on in the same request; once the
+fault is cleared the partition repairs itself from the journal and serves again. A
+failing journal fails every entry of the commit it carried. Every acknowledged write is
+visible exactly while no write answered 15 ever is — also after a restart.
 """
 
 from __future__ import annotations
@@ -87,6 +88,10 @@ async def write(
     return codes
 
 
+# A checkpoint after every commit: a partition's fsync fault shows at once.
+CHECKPOINT_EVERY_COMMIT = ("--journal-checkpoint-bytes", "1")
+
+
 @pytest.mark.parametrize("fault", list(FAULTS))
 async def test_a_failing_partition_answers_15_recovers_and_loses_or_invents_nothing(
     spawn, tmp_path, fault
@@ -98,7 +103,7 @@ async def test_a_failing_partition_answers_15_recovers_and_loses_or_invents_noth
     everything = [k for ks in keys.values() for k in ks]
     model = Acknowledged(GROUP, everything)
     env = {"SHARECOORD_FAILPOINTS": str(control)}
-    daemon = await spawn(data_dir, partitions=NUM_PARTITIONS, env=env)
+    daemon = await spawn(data_dir, *CHECKPOINT_EVERY_COMMIT, partitions=NUM_PARTITIONS, env=env)
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, "msgpack")
         assert set(await api.codes("initialize", model.init_body())) == {0}
@@ -106,6 +111,11 @@ async def test_a_failing_partition_answers_15_recovers_and_loses_or_invents_noth
             assert set((await write(api, model, rng, everything)).values()) == {0}
 
         await arm(control, **FAULTS[fault], path_contains=f"partitions/{FAULTY}/", times=None)
+        # The journal made the first write after the fault durable (answered 0); its
+        # file write, or the checkpoint's fsync after it, stops the partition.
+        deadline = time.monotonic() + DEADLINE_S
+        while {(await write(api, model, rng, everything))[k] for k in keys[FAULTY]} != {15}:
+            assert time.monotonic() < deadline, "the fault never showed"
         # Entries of every partition in one request: the faulty one's fail alone.
         for _ in range(3):
             codes = await write(api, model, rng, everything)
@@ -153,27 +163,35 @@ async def test_a_single_failed_fsync_is_followed_by_recovery_on_its_own(spawn, t
     keys = keys_by_partition()
     model = Acknowledged(GROUP, keys[FAULTY])
     daemon = await spawn(
-        tmp_path / "data", partitions=NUM_PARTITIONS, env={"SHARECOORD_FAILPOINTS": str(control)}
+        tmp_path / "data",
+        *CHECKPOINT_EVERY_COMMIT,
+        partitions=NUM_PARTITIONS,
+        env={"SHARECOORD_FAILPOINTS": str(control)},
     )
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url)
         assert set(await api.codes("initialize", model.init_body())) == {0}
         await write(api, model, rng, keys[FAULTY])
-        await arm(control, op="fsync", errno="EIO", path_contains=f"partitions/{FAULTY}/", times=1)
-        assert set((await write(api, model, rng, keys[FAULTY])).values()) == {15}
+        # The checkpoint's fsync fails, and so do the first two reloads' (it backs off).
+        await arm(control, op="fsync", errno="EIO", path_contains=f"partitions/{FAULTY}/", times=3)
+        seen: set[int] = set()
         deadline = time.monotonic() + DEADLINE_S
-        while set((await write(api, model, rng, keys[FAULTY])).values()) != {0}:
-            assert time.monotonic() < deadline, "the partition did not recover"
-            await asyncio.sleep(0.05)
+        while True:
+            codes = set((await write(api, model, rng, keys[FAULTY])).values())
+            seen |= codes
+            if 15 in seen and codes == {0}:
+                break  # it failed, and recovered on its own
+            assert time.monotonic() < deadline, "the partition did not fail and recover"
+            await asyncio.sleep(0.02)
         await model.check(api)
 
 
 async def test_no_answer_reveals_what_a_failed_fsync_did_not_make_durable(spawn, tmp_path):
     """In one read request, a read that records a higher leader epoch and then a read
     with a lower one: the second is fenced (74) by the first's record, which is not
-    durable yet. When that record's fsync fails, neither answer may show it: both
-    are 15. And concurrent readers of a key whose write is failing see the old state or
-    15, never the write."""
+    durable yet. When the journal fsync carrying that record fails, neither answer may
+    show it: both are 15. And concurrent readers of a key whose write is failing see
+    the old state or 15, never the write."""
     control = tmp_path / "failpoints.json"
     rng = random.Random(4)
     keys = keys_by_partition()
@@ -182,7 +200,7 @@ async def test_no_answer_reveals_what_a_failed_fsync_did_not_make_durable(spawn,
     daemon = await spawn(
         tmp_path / "data", partitions=NUM_PARTITIONS, env={"SHARECOORD_FAILPOINTS": str(control)}
     )
-    fault = {"op": "fsync", "errno": "EIO", "path_contains": f"partitions/{FAULTY}/"}
+    fault = {"op": "fdatasync", "errno": "EIO", "path_contains": "journal/"}
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url)
         assert set(await api.codes("initialize", model.init_body())) == {0}
@@ -191,10 +209,13 @@ async def test_no_answer_reveals_what_a_failed_fsync_did_not_make_durable(spawn,
         await arm(control, **fault, times=None)
         reads = [read_entry(key, 5), read_entry(key, 4), read_entry(other, 5), read_entry(other, 4)]
         results = await api.results("read", body(GROUP, (TOPIC, reads)))
-        assert [r["error_code"] for r in results] == [15, 15, 0, 74]
-        assert results[0]["state_batches"] == results[1]["state_batches"] == []
+        # Both leader-epoch records shared the failed journal record: every answer that
+        # saw one is 15, the fenced ones included.
+        assert [r["error_code"] for r in results] == [15, 15, 15, 15]
+        assert all(r["state_batches"] == [] for r in results)
         await clear(control)
         await wait_recovered(api, key)
+        await wait_recovered(api, other)
         state = await api.state(GROUP, TOPIC, key)
         assert state is not None
         assert state["fencing"]["leader_epoch"] == 0  # the failed record is not there

@@ -258,6 +258,8 @@ def test_share_coordinator_metrics_are_all_prefixed_and_render_as_valid_lines():
         "sharecoord_shard_writes_total": "counter",
         "sharecoord_fsync_duration_seconds": "histogram",
         "sharecoord_group_commit_partitions": "histogram",
+        "sharecoord_checkpoint_duration_seconds": "histogram",
+        "sharecoord_journal_bytes": "gauge",
         "sharecoord_records_appended_total": "counter",
         "sharecoord_bytes_appended_total": "counter",
         "sharecoord_keys": "gauge",
