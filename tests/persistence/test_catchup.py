@@ -1,0 +1,215 @@
+"""Recovery with the journal (persistence/catchup.py): the journal and a partition's
+files disagree in each way a crash, a failed write or the disk can leave them, and the
+next open brings the files up to date, or refuses the partition naming the damage.
+Run twice, recovery changes nothing the second time."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import struct
+import zlib
+
+import pytest
+from log_helpers import append_records, tree_snapshot
+
+from persistence import (
+    GroupCommitter,
+    LogCorruptionError,
+    LogRecord,
+    StateLog,
+    partition_dir,
+    read_partition,
+    verify,
+)
+from persistence.fileops import FileOps
+from persistence.frame import CRC_START, PREFIX
+from persistence.journal import Checkpoint, list_journal_segments, read_checkpoint
+from persistence.segments import list_segments
+
+NUM_PARTITIONS = 3
+
+
+def write_through_journal(data_dir: str, rounds: int, per_round: int) -> list[list[LogRecord]]:
+    """Appends committed by a GroupCommitter, then a crash: no last checkpoint, so every
+    record of this run is in the journal and (unsynced) in the partition files."""
+    log = StateLog.open(data_dir, NUM_PARTITIONS)
+    for part in log.partitions:
+        part.open()
+    # As a killed process: no checkpoint, not even the committer's last one.
+    log.take_checkpoint = lambda lsn, written: {}  # type: ignore[method-assign]
+    written: list[list[LogRecord]] = [[] for _ in range(NUM_PARTITIONS)]
+
+    async def run() -> None:
+        committer = GroupCommitter(log)
+        committer.start()
+        for round_number in range(rounds):
+            waits = []
+            for p in range(NUM_PARTITIONS):
+                records = append_records(
+                    log.partition(p), per_round, first=round_number * per_round
+                )
+                written[p] += records
+                waits += [committer.wait_durable(p, r.offset) for r in records]
+            await asyncio.gather(*waits)
+        await committer.close()
+
+    asyncio.run(run())
+    log.close()
+    return written
+
+
+def recover(data_dir: str) -> dict[int, BaseException]:
+    """Open the directory (journal recovery) and every partition; the refusals."""
+    refusals: dict[int, BaseException] = {}
+    log = StateLog.open(data_dir, NUM_PARTITIONS)
+    try:
+        for part in log.partitions:
+            try:
+                part.open()
+            except LogCorruptionError as exc:
+                refusals[part.partition] = exc
+    finally:
+        log.close()
+    return refusals
+
+
+def records_of(data_dir: str, partition: int) -> list[LogRecord]:
+    return list(read_partition(partition_dir(data_dir, partition)))
+
+
+def newest_segment(data_dir: str, partition: int) -> str:
+    return list_segments(partition_dir(data_dir, partition))[-1].path
+
+
+def frame_starts(path: str) -> list[int]:
+    with open(path, "rb") as f:
+        data = f.read()
+    starts, pos = [], 0
+    while pos < len(data):
+        starts.append(pos)
+        pos += 4 + struct.unpack_from(">I", data, pos)[0]
+    return starts
+
+
+@pytest.fixture
+def written(data_dir: str) -> list[list[LogRecord]]:
+    return write_through_journal(data_dir, rounds=4, per_round=3)
+
+
+def test_a_partition_file_short_of_the_journal_is_filled_from_it(data_dir, written) -> None:
+    path = newest_segment(data_dir, 1)
+    starts = frame_starts(path)
+    os.truncate(path, starts[5])  # the crash came before the last cycles reached the file
+    assert recover(data_dir) == {}
+    assert records_of(data_dir, 1) == written[1]
+    assert verify(data_dir).ok
+
+
+def test_a_partition_file_that_has_everything_is_left_as_it_is(data_dir, written) -> None:
+    before = tree_snapshot(os.path.join(data_dir, "partitions"))
+    assert recover(data_dir) == {}
+    assert tree_snapshot(os.path.join(data_dir, "partitions")) == before
+    for p in range(NUM_PARTITIONS):
+        assert records_of(data_dir, p) == written[p]
+
+
+def test_garbage_after_the_files_end_is_cut_and_kept(data_dir, written) -> None:
+    path = newest_segment(data_dir, 0)
+    with open(path, "ab") as f:
+        f.write(b"\x13" * 57)
+    assert recover(data_dir) == {}
+    assert records_of(data_dir, 0) == written[0]
+    broken = [n for n in os.listdir(partition_dir(data_dir, 0)) if n.endswith(".broken")]
+    assert len(broken) == 1
+
+
+def test_a_stretch_the_disk_never_got_is_cut_and_written_again_from_the_journal(
+    data_dir, written
+) -> None:
+    """Zeros where a page never reached the disk, valid frames after it (the page cache
+    writes back in any order): past the checkpoint that is no damage, only unsynced."""
+    path = newest_segment(data_dir, 2)
+    starts = frame_starts(path)
+    with open(path, "r+b") as f:
+        f.seek(starts[4])
+        f.write(bytes(starts[5] - starts[4]))
+    assert recover(data_dir) == {}
+    assert records_of(data_dir, 2) == written[2]
+    assert verify(data_dir).ok
+
+
+def test_a_frame_that_differs_from_the_journals_copy_refuses_the_partition(
+    data_dir, written
+) -> None:
+    path = newest_segment(data_dir, 1)
+    starts = frame_starts(path)
+    with open(path, "r+b") as f:  # a valid frame, but not the one the journal holds
+        data = bytearray(f.read())
+        at = starts[2]
+        length = struct.unpack_from(">I", data, at)[0]
+        data[at + length] ^= 0xFF  # the value's last byte
+        PREFIX.pack_into(data, at, length, zlib.crc32(data[at + CRC_START : at + 4 + length]))
+        f.seek(0)
+        f.write(data)
+    refusals = recover(data_dir)
+    assert list(refusals) == [1]
+    assert "differs from the journal's copy" in str(refusals[1])
+    # The journal keeps what partition 1 still needs; the others go on.
+    checkpoint = read_checkpoint_of(data_dir)
+    assert checkpoint.partitions[1].lsn < checkpoint.partitions[0].lsn
+    assert list_journal_segments_of(data_dir)[0][0] <= checkpoint.partitions[1].lsn
+    assert records_of(data_dir, 0) == written[0]
+
+
+def test_a_gap_between_the_file_and_the_journal_refuses_the_partition(data_dir, written) -> None:
+    """The file lost fsynced records (it ends short of what the checkpoint says), and
+    the journal no longer has them: nothing may be appended across the gap."""
+    log = StateLog.open(data_dir, NUM_PARTITIONS)  # recovery, and a checkpoint at the end
+    for part in log.partitions:
+        part.open()
+    more = append_records(log.partition(0), 3, first=100)
+    log.partition(0).commit()
+    log.close()
+    write_through_journal(data_dir, rounds=1, per_round=2)
+    path = newest_segment(data_dir, 0)
+    os.truncate(path, frame_starts(path)[5])
+    refusals = recover(data_dir)
+    assert list(refusals) == [0]
+    assert "the journal goes on at record" in str(refusals[0])
+    del more
+
+
+def test_a_second_recovery_changes_nothing(data_dir, written) -> None:
+    path = newest_segment(data_dir, 1)
+    os.truncate(path, frame_starts(path)[7])
+    with open(newest_segment(data_dir, 2), "ab") as f:
+        f.write(b"\x99" * 20)
+    assert recover(data_dir) == {}
+    once = tree_snapshot(os.path.join(data_dir, "partitions"))
+    assert recover(data_dir) == {}
+    assert tree_snapshot(os.path.join(data_dir, "partitions")) == once
+    for p in range(NUM_PARTITIONS):
+        assert records_of(data_dir, p) == written[p]
+
+
+def test_read_only_readers_overlay_what_is_only_in_the_journal(data_dir, written) -> None:
+    path = newest_segment(data_dir, 1)
+    os.truncate(path, frame_starts(path)[3])
+    assert records_of(data_dir, 1) == written[1]  # read_partition, no recovery
+    copy = data_dir + ".copy"
+    shutil.copytree(data_dir, copy)
+    try:
+        report = verify(copy)
+        assert report.ok
+    finally:
+        shutil.rmtree(copy)
+
+
+def read_checkpoint_of(data_dir: str) -> Checkpoint:
+    return read_checkpoint(FileOps(), os.path.join(data_dir, "journal"))
+
+
+def list_journal_segments_of(data_dir: str) -> list[tuple[int, str]]:
+    return list_journal_segments(FileOps(), os.path.join(data_dir, "journal"))
