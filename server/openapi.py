@@ -305,7 +305,7 @@ def _head(route: Route, schema_of: Callable[[Any], dict[str, Any]]) -> dict[str,
     """The HEAD aiohttp adds to a GET: the same answers without their bodies."""
     answers = {answer.status: answer.description for answer in route.answers}
     return {
-        "operationId": "head" + route.operation_id[0].upper() + route.operation_id[1:],
+        "operationId": _head_operation_id(route.operation_id),
         "summary": f"GET {route.path} without the body (aiohttp answers HEAD on every GET).",
         **_common(route, schema_of),
         "responses": {
@@ -313,6 +313,12 @@ def _head(route: Route, schema_of: Callable[[Any], dict[str, Any]]) -> dict[str,
             for status in _statuses(route)
         },
     }
+
+
+def _head_operation_id(get: str) -> str:
+    """The GET's id with its verb, if it has one, replaced: getAdminState, headAdminState."""
+    noun = re.sub(r"^[a-z]+(?=[A-Z])", "", get)
+    return "head" + noun[0].upper() + noun[1:]
 
 
 # --- YAML -----------------------------------------------------------------------------
