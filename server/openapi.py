@@ -2,7 +2,8 @@
 
 Its schemas are msgspec's JSON Schema of the declarations the decoders use
 (``protocol.messages``, ``protocol.widths``), its operations the route table
-``create_app`` registers (``server.http.ROUTES``): neither can drift from the daemon.
+``create_app`` registers (``server.http.ROUTES``): it describes what the daemon decodes
+and serves, not a copy of it.
 ``python -m server.openapi`` prints it as YAML; ``make openapi`` writes ``openapi.yaml``,
 and ``tests/server/test_openapi_current.py`` fails while that file is stale.
 
@@ -209,7 +210,10 @@ def _rewrite_refs(node: Any, renamed: dict[str, str]) -> Any:
 
 
 def _tidy(schemas: dict[str, Any]) -> None:
-    unused = set(FIELD_VALUES) - {(n, f) for n, s in schemas.items() for f in s["properties"]}
+    fields = {
+        (name, field) for name, schema in schemas.items() for field in schema.get("properties", {})
+    }
+    unused = set(FIELD_VALUES) - fields
     if unused:
         raise ValueError(f"server.openapi: FIELD_VALUES names no such fields: {sorted(unused)}")
     for name, schema in schemas.items():
