@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 CORE_STAMP := $(VENV)/.installed-core
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: venv serve test lint bench reliability clean
+.PHONY: venv serve test lint openapi bench reliability clean
 
 venv: $(DEV_STAMP)
 
@@ -43,6 +43,12 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check protocol persistence client spark_jobs
 	$(BIN)/mypy
+
+# openapi.yaml is generated from the schema declarations and the route table; a test
+# fails while it is stale. Written aside first, so a failed run leaves the file whole.
+openapi: $(DEV_STAMP)
+	$(BIN)/python -m server.openapi > openapi.yaml.tmp || { rm -f openapi.yaml.tmp; exit 1; }
+	mv openapi.yaml.tmp openapi.yaml
 
 bench: $(DEV_STAMP)
 	$(BIN)/python -m bench

@@ -15,6 +15,9 @@ _BASE64URL_22 = re.compile(r"[A-Za-z0-9_-]{22}")
 _RFC4122 = re.compile(
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
 )
+# Either spelling as a JSON Schema pattern (ECMA-262, where $ is the very end): what
+# generated clients and test generators need to produce ids this module accepts.
+TOPIC_ID_PATTERN = f"^(?:{_BASE64URL_22.pattern}|{_RFC4122.pattern})$"
 # Java's URL decoder also accepts the padded form; find-coordinator keys follow Java.
 _BASE64URL_PADDED = re.compile(r"[A-Za-z0-9_-]{22}(==)?")
 

@@ -13,6 +13,8 @@ from typing import Annotated
 
 from msgspec import Meta
 
+from protocol.topic_id import TOPIC_ID_PATTERN
+
 
 def _int(bits: int) -> Meta:
     return Meta(
@@ -38,5 +40,8 @@ TopicIdText = Annotated[
         description="Kafka Uuid: 22 base64url characters (as Kafka prints it) or the "
         "36-character RFC 4122 form; both name the same topic",
         extra={"expected": TOPIC_ID_EXPECTED, "check": "topic_id"},
+        # The schema's pattern only: Meta(pattern=...) would also make msgspec check it,
+        # a second check in front of the one decoding already does (above).
+        extra_json_schema={"pattern": TOPIC_ID_PATTERN},
     ),
 ]

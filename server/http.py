@@ -23,21 +23,36 @@ from persistence import FileOps, GroupCommitter, StateLog
 from protocol import codec, errors
 from protocol.codec import BodyError, Format
 from protocol.messages import (
+    REQUEST_PARTITIONS,
     Acknowledged,
+    AdminState,
+    AnyPartitionResult,
     CompactionCommitted,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    Health,
+    PartitionResult,
     PartitionStatuses,
+    Readiness,
+    ReadPartitionResult,
+    ReadSummaryPartitionResult,
     Rpc,
+    ShareGroupStateRequest,
+    ShareGroupStateResponse,
     TopicDeleted,
+    TopicRegistration,
 )
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
+from protocol.widths import Int32, NonEmptyString, TopicIdText
 from server.access_log import access_log_middleware
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import CounterChild, ShareCoordinatorMetrics
+from server.routes import Answer, Param, Route
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
 from server.service import CoordinatorService, JobIntervals, ServiceError
@@ -664,6 +679,137 @@ async def _load_all(runtimes: dict[int, PartitionRuntime]) -> None:
     )
 
 
+# --- routes ---------------------------------------------------------------------------
+# What create_app registers is what server.openapi documents: one table.
+
+
+def _rpc_route(rpc: Rpc, kafka_name: str, result: type[AnyPartitionResult]) -> Route:
+    # The generics are subscripted with values here, which typing cannot follow.
+    request: Any = ShareGroupStateRequest
+    response: Any = ShareGroupStateResponse
+    return Route(
+        "POST",
+        f"/v1/share-group-state/{rpc.value}",
+        rpc,
+        operation_id=kafka_name[0].lower() + kafka_name[1:],
+        summary=f"{kafka_name} (Kafka apiKey {rpc.api_key})",
+        body=request[REQUEST_PARTITIONS[rpc]],
+        answers=(
+            Answer(200, "One result per partition entry, in request order.", response[result]),
+        ),
+    )
+
+
+_KEY_PARAMS = (
+    Param("group_id", NonEmptyString),
+    Param("topic_id", TopicIdText),
+    Param("partition", Int32),
+)
+
+ROUTES: tuple[Route, ...] = (
+    _rpc_route(Rpc.INITIALIZE, "InitializeShareGroupState", PartitionResult),
+    _rpc_route(Rpc.READ, "ReadShareGroupState", ReadPartitionResult),
+    _rpc_route(Rpc.WRITE, "WriteShareGroupState", PartitionResult),
+    _rpc_route(Rpc.DELETE, "DeleteShareGroupState", PartitionResult),
+    _rpc_route(Rpc.READ_SUMMARY, "ReadShareGroupStateSummary", ReadSummaryPartitionResult),
+    Route(
+        "POST",
+        "/v1/find-coordinator",
+        handle_find_coordinator,
+        operation_id="findCoordinator",
+        summary="The node owning each coordinator key `group:topicId:partition`.",
+        body=FindCoordinatorRequest,
+        answers=(
+            Answer(
+                200,
+                "One entry per key, in request order; a key that does not parse gets 42.",
+                FindCoordinatorResponse,
+            ),
+        ),
+    ),
+    Route(
+        "GET",
+        "/v1/admin/state",
+        handle_admin_state,
+        operation_id="getAdminState",
+        summary="The stored state of one share-partition (docs/semantics.md §A.1 point 10).",
+        params=_KEY_PARAMS,
+        answers=(Answer(200, "The stored state, with the fencing maxima.", AdminState),),
+        refusals=(400, 404, 421, 503),
+    ),
+    Route(
+        "PUT",
+        "/v1/admin/topics",
+        handle_register_topic,
+        operation_id="registerTopic",
+        summary="Register a topic in the topic catalog, or change its partition count "
+        "(docs/semantics.md §A).",
+        body=TopicRegistration,
+        answers=(Answer(200, "Registered.", Acknowledged),),
+    ),
+    Route(
+        "DELETE",
+        "/v1/admin/topics/{topic_id}",
+        handle_delete_topic,
+        operation_id="deleteTopic",
+        summary="Drop a topic from the catalog and tombstone its share-partition state on "
+        "this node.",
+        params=(Param("topic_id", TopicIdText, "path"),),
+        answers=(Answer(200, "Deleted.", TopicDeleted),),
+        refusals=(400, 404, 503),
+    ),
+    Route(
+        "POST",
+        "/v1/admin/compaction/commit",
+        handle_commit_compaction,
+        operation_id="commitCompaction",
+        summary="Swap staged compaction output in now (docs/design.md); any body is ignored.",
+        answers=(
+            Answer(
+                200,
+                'What was committed, and what was stale, as "partition/base".',
+                CompactionCommitted,
+            ),
+        ),
+    ),
+    Route(
+        "GET",
+        "/v1/admin/partitions",
+        handle_partitions,
+        operation_id="listPartitions",
+        summary="The status of every state partition this node owns.",
+        answers=(Answer(200, "One entry per owned state partition.", PartitionStatuses),),
+    ),
+    Route(
+        "GET",
+        "/healthz",
+        handle_healthz,
+        operation_id="healthz",
+        summary="Liveness: 200 while the process serves HTTP.",
+        answers=(Answer(200, "Alive.", Health),),
+    ),
+    Route(
+        "GET",
+        "/readyz",
+        handle_readyz,
+        operation_id="readyz",
+        summary="Readiness: 503 while a state partition this node owns is loading, then 200.",
+        answers=(
+            Answer(200, "Ready; failed partitions (they answer 15) are listed.", Readiness),
+            Answer(503, "Still loading.", Readiness),
+        ),
+    ),
+    Route(
+        "GET",
+        "/metrics",
+        handle_metrics,
+        operation_id="metrics",
+        summary="The metrics, in Prometheus text format.",
+        answers=(Answer(200, "The metrics.", str, METRICS_CONTENT_TYPE.split(";")[0]),),
+    ),
+)
+
+
 def create_app(
     config: ServeConfig,
     cluster: ClusterMap,
@@ -686,15 +832,14 @@ def create_app(
     if (access_log := access_log_middleware(config)) is not None:
         app.middlewares.insert(0, access_log)
     app.cleanup_ctx.append(coordinator_ctx)
-    for path, rpc_name in _RPC_PATHS.items():
-        app.router.add_post(path, _rpc_handler(Rpc(rpc_name), coordinator))
-    app.router.add_post("/v1/find-coordinator", handle_find_coordinator)
-    app.router.add_get("/v1/admin/state", handle_admin_state)
-    app.router.add_put("/v1/admin/topics", handle_register_topic)
-    app.router.add_delete("/v1/admin/topics/{topic_id}", handle_delete_topic)
-    app.router.add_post("/v1/admin/compaction/commit", handle_commit_compaction)
-    app.router.add_get("/v1/admin/partitions", handle_partitions)
-    app.router.add_get("/healthz", handle_healthz)
-    app.router.add_get("/readyz", handle_readyz)
-    app.router.add_get("/metrics", handle_metrics)
+    for route in ROUTES:
+        handler = (
+            _rpc_handler(route.handler, coordinator)
+            if isinstance(route.handler, Rpc)
+            else route.handler
+        )
+        if route.method == "GET":
+            app.router.add_get(route.path, handler)  # and HEAD, as openapi.yaml says
+        else:
+            app.router.add_route(route.method, route.path, handler)
     return app

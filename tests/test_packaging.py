@@ -119,7 +119,7 @@ LEAN = "pip install --quiet -e ."
 FULL = "pip install --quiet -e '.[dev,spark]'"
 
 
-@pytest.mark.parametrize("target", ["test", "lint", "bench", "reliability", "venv"])
+@pytest.mark.parametrize("target", ["test", "lint", "openapi", "bench", "reliability", "venv"])
 def test_the_tool_targets_install_the_extras(checkout: Path, target: str) -> None:
     assert [line.split("/bin/python -m ")[-1] for line in installs(checkout, target)] == [FULL]
 
