@@ -25,7 +25,7 @@ from bench.workload import GROUPS, PARTITIONS_PER_GROUP, TOPIC_ID, group_name, w
 from persistence import StateLog
 from protocol import codec
 from protocol.codec import Format
-from protocol.messages import Rpc, ShareGroupStateRequest
+from protocol.messages import Rpc, ShareGroupStateRequest, ShareGroupStateResponse, TopicResult
 from protocol.records import ShareKey
 from protocol.routing import partition_for_prefix, prefix_hash
 from protocol.shard import ShardConfig
@@ -61,8 +61,6 @@ def _run(runtimes: dict[int, PartitionRuntime], rpc: Rpc, request: ShareGroupSta
 
 
 def measure(requests: int, per_request: int, seed: int = 932) -> EntryCost:
-    from protocol.messages import ShareGroupStateResponse, TopicResult
-
     with tempfile.TemporaryDirectory(prefix="sharecoord-entry-cost-") as data_dir:
         log = StateLog.open(data_dir, NUM_PARTITIONS)
         runtimes = {
@@ -89,7 +87,9 @@ def measure(requests: int, per_request: int, seed: int = 932) -> EntryCost:
                 ],
             }
             raw = msgpack.packb(body)
-            _run(runtimes, Rpc.INITIALIZE, codec.decode_request(Rpc.INITIALIZE, raw, Format.MSGPACK))
+            _run(
+                runtimes, Rpc.INITIALIZE, codec.decode_request(Rpc.INITIALIZE, raw, Format.MSGPACK)
+            )
             drain()
         rng = random.Random(seed)
         # Warm the states up to the few batches the HTTP workload keeps them at.
