@@ -141,13 +141,14 @@ def sharecoord_states(
     records_per_snapshot: int = DEFAULT_RECORDS_PER_SNAPSHOT,
     initialized: Iterable[Key] | None = None,
 ) -> tuple[list[int], dict[Key, KeyView]]:
-    """Error codes and final states when sharecoord's shard takes these writes, every key
-    written (or listed in `initialized`) having been initialized with state epoch 0 and
-    start offset 0, as the benchmark seeds them."""
+    """Error codes and final states when sharecoord's shard takes these writes in order.
+    The keys in `initialized` (by default every key written) are first initialized with
+    state epoch 0 and start offset 0, as the benchmark seeds them."""
     shard = ShareCoordinatorShard(ShardConfig(records_per_snapshot=records_per_snapshot))
     offset = 0
-    keys = dict.fromkeys([*(initialized or []), *(e.key for e in entries)])
-    for group, topic, partition in keys:
+    if initialized is None:
+        initialized = dict.fromkeys(e.key for e in entries)
+    for group, topic, partition in initialized:
         record, _ = shard.initialize(
             ShareKey(group, topic, partition), InitializePartition(partition, 0, 0)
         )
@@ -172,11 +173,11 @@ def sharecoord_states(
             shard.replay(offset, record)
             offset += 1
     states = {}
-    for key in keys:
-        state = shard.key_state(ShareKey(*key))
+    for share_key in shard:
+        state = shard.key_state(share_key)
         assert state is not None
         stored = state.state
-        states[key] = KeyView(
+        states[share_key.group_id, share_key.topic_id, share_key.partition] = KeyView(
             stored.snapshot_epoch,
             stored.state_epoch,
             stored.leader_epoch,
@@ -194,12 +195,12 @@ def sharecoord_states(
 
 
 def differences(peer: dict[Key, KeyView], expected: dict[Key, KeyView]) -> list[str]:
-    out = []
-    for key, want in expected.items():
-        got = peer.get(key)
-        if got != want:
-            out.append(f"{key}: peer {got}, sharecoord {want}")
-    return out
+    """Every key whose state differs, or that only one side has."""
+    return [
+        f"{key}: peer {peer.get(key)}, sharecoord {expected.get(key)}"
+        for key in sorted(peer.keys() | expected.keys())
+        if peer.get(key) != expected.get(key)
+    ]
 
 
 # --- the peers ----------------------------------------------------------------------------
@@ -250,18 +251,20 @@ class PostgresPeer:
         if failed != [["0"]]:
             raise RuntimeError(f"initialize_share_state failed for {failed} share-partitions")
 
-    def request(self, entries: Sequence[Entry]) -> bytes:
+    @classmethod
+    def request(cls, entries: Sequence[Entry]) -> bytes:
+        """One write request: write_share_state for one entry, else write_share_states."""
         if len(entries) == 1:
             e = entries[0]
             return pg_execute(
-                self.WRITE_ONE,
+                cls.WRITE_ONE,
                 [e.group_id, e.topic_id, str(e.partition), str(e.state_epoch),
                  str(e.leader_epoch), str(e.start_offset), str(e.delivery_complete_count),
                  pg_array(e.flat_batches())],
             )  # fmt: skip
         group, topic = _group_of(entries)
         return pg_execute(
-            self.WRITE_MANY,
+            cls.WRITE_MANY,
             [group, topic, pg_array([e.partition for e in entries]),
              pg_array([e.state_epoch for e in entries]),
              pg_array([e.leader_epoch for e in entries]),
@@ -271,13 +274,15 @@ class PostgresPeer:
              pg_array([n for e in entries for n in e.flat_batches()])],
         )  # fmt: skip
 
-    def codes(self, reply: bytes) -> list[int]:
+    @staticmethod
+    def codes(reply: bytes) -> list[int]:
         error = pg_error(reply)
         if error is not None:
             raise RuntimeError(f"PostgreSQL: {error}")
         return pg_parse_array(str(pg_rows(reply)[0][0]))
 
     def states(self, keys: Iterable[Key]) -> dict[Key, KeyView]:
+        """The stored state of those of `keys` that have one."""
         wanted = set(keys)
         rows = self.conn.query(
             "SELECT group_id, topic_id, partition, snapshot_epoch, state_epoch, leader_epoch, "
@@ -323,7 +328,9 @@ class RedisPeer:
         if any(reply != [0] * partitions for reply in replies):
             raise RuntimeError(f"share_initialize failed: {replies[:3]}")
 
-    def request(self, entries: Sequence[Entry]) -> bytes:
+    @staticmethod
+    def request(entries: Sequence[Entry]) -> bytes:
+        """One FCALL: share_write for one entry, else share_write_many."""
         args: list[str | int] = []
         for e in entries:
             args += [e.state_epoch, e.leader_epoch, e.start_offset, e.delivery_complete_count]
@@ -334,7 +341,8 @@ class RedisPeer:
         _group_of(entries)
         return resp_command("FCALL", "share_write_many", len(keys), *keys, *args)
 
-    def codes(self, reply: bytes) -> list[int]:
+    @staticmethod
+    def codes(reply: bytes) -> list[int]:
         parsed = resp_parse(reply)
         assert parsed is not None
         value = parsed[0]

@@ -194,6 +194,9 @@ async def replay(
     run.drained = loop.create_future()
     if run.in_flight:
         await asyncio.wait_for(run.drained, timeout=60)
+    for client in clients:
+        if client.transport is not None:
+            client.transport.close()
     latencies = run.latencies_ns
     return {
         "requests": len(latencies),
