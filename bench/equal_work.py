@@ -366,10 +366,23 @@ Peer = PostgresPeer | RedisPeer
 
 
 def _view(header: Sequence[int | None], flat: Sequence[int]) -> KeyView:
-    batches = tuple(
-        (flat[i], flat[i + 1], flat[i + 2], flat[i + 3]) for i in range(0, len(flat), 4)
+    """A KeyView from a peer's stored numbers: the eight fields in KeyView's order (only
+    the fences' state epoch and the update counter may be None), then the batches, flat."""
+    required = [n for n in header[:6] if n is not None]
+    if len(required) != 6:
+        raise ValueError(f"a peer stored null in a required field: {header}")
+    snapshot_epoch, state_epoch, leader_epoch, start_offset, dcc, leader_fence = required
+    return KeyView(
+        snapshot_epoch,
+        state_epoch,
+        leader_epoch,
+        start_offset,
+        dcc,
+        leader_fence,
+        header[6],
+        header[7],
+        tuple((flat[i], flat[i + 1], flat[i + 2], flat[i + 3]) for i in range(0, len(flat), 4)),
     )
-    return KeyView(*header, batches=batches)  # type: ignore[arg-type]
 
 
 def check_equal_results(peer: Peer, bodies: Sequence[Body], name: str) -> int:
