@@ -2,6 +2,8 @@
 
     python -m bench [--quick] [--only http,peers,recovery,memory,spark] [--duration S]
 
+`peers` runs both kinds of peer; `blind-peers` or `equal-work` runs one kind alone.
+
 Writes bench/results/latest.{json,md,png} and prints the Markdown table.
 """
 
@@ -18,7 +20,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench import peers, report
+from bench import equal_work, peers, report
 from bench.loadgen import LoadResult, run_wrk
 from bench.logs import build_log
 from bench.system import (
@@ -26,23 +28,17 @@ from bench.system import (
     ensure_debian_packages,
     free_port,
     pinned,
+    python_env,
     running,
     server_cpus,
     wait_for_port,
 )
 from bench.workload import build_body_files, initialize_all
 
-REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 WRITE = "/v1/share-group-state/write"
 READ = "/v1/share-group-state/read"
 READ_SUMMARY = "/v1/share-group-state/read-summary"
-
-
-def _python_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return env
 
 
 def _daemon_argv(data: Path, port: int, log_level: str) -> list[str]:
@@ -58,8 +54,9 @@ def _say(text: str) -> None:
     print(text, flush=True)
 
 
-def http_scenarios(work: Path, duration: float, quick: bool) -> list[LoadResult]:
-    bodies = build_body_files(work / "bodies")
+def http_scenarios(
+    work: Path, bodies: dict[str, Path], duration: float, quick: bool
+) -> list[LoadResult]:
     results: list[LoadResult] = []
     concurrencies = (1, 16, 64)
 
@@ -67,7 +64,7 @@ def http_scenarios(work: Path, duration: float, quick: bool) -> list[LoadResult]
     _say("ceiling: aiohttp + msgpack decode, no work")
     with running(
         pinned(server_cpus(), [sys.executable, "-m", "bench.ceiling", str(port)]),
-        env=_python_env(),
+        env=python_env(),
         log=str(work / "ceiling.log"),
     ) as proc:
         wait_for_port(port)
@@ -89,7 +86,7 @@ def http_scenarios(work: Path, duration: float, quick: bool) -> list[LoadResult]
     data = work / "sharecoord-data"
     _say("sharecoord: the daemon, fresh data directory")
     with running(
-        _daemon_argv(data, port, "warning"), env=_python_env(), log=str(work / "sharecoord.log")
+        _daemon_argv(data, port, "warning"), env=python_env(), log=str(work / "sharecoord.log")
     ) as proc:
         base = f"http://127.0.0.1:{port}"
         _wait_ready(base)
@@ -189,7 +186,11 @@ def _check_no_errors(base: str) -> None:
         raise RuntimeError("sharecoord answered errors during the benchmark:\n" + "\n".join(failed))
 
 
-def peer_scenarios(work: Path, duration: float) -> list[LoadResult]:
+def peer_scenarios(
+    work: Path, bodies: dict[str, Path], duration: float, *, blind: bool, equal: bool
+) -> list[LoadResult]:
+    """PostgreSQL 15 and Redis 7: the blind overwrite (pgbench, redis-benchmark) and the
+    equal-work peers (bench/equal_work.py), each kind on the same server instance."""
     ensure_debian_packages(
         {
             "redis-server": "redis-server",
@@ -199,52 +200,74 @@ def peer_scenarios(work: Path, duration: float) -> list[LoadResult]:
         }
     )
     results: list[LoadResult] = []
-    _say("PostgreSQL 15: INSERT ... ON CONFLICT DO UPDATE, synchronous_commit on")
     pg_dir = work / "postgres"
     pg_dir.mkdir()
     with peers.postgres(pg_dir) as (port, pid):
-        for c in (1, 16, 64):
-            results.append(
-                peers.run_pgbench(
-                    "postgres upsert",
-                    port,
-                    pid,
-                    pg_dir,
-                    concurrency=c,
-                    duration_s=duration,
-                    batch=False,
+        if blind:
+            _say("PostgreSQL 15: INSERT ... ON CONFLICT DO UPDATE, synchronous_commit on")
+            for c in (1, 16, 64):
+                results.append(
+                    peers.run_pgbench(
+                        "postgres upsert",
+                        port,
+                        pid,
+                        pg_dir,
+                        concurrency=c,
+                        duration_s=duration,
+                        batch=False,
+                    )
                 )
-            )
-            _say(f"  c={c}: {results[-1].requests_per_s:,.0f} tps")
-        for c in (16, 64):
-            results.append(
-                peers.run_pgbench(
-                    "postgres upsert x50",
-                    port,
-                    pid,
-                    pg_dir,
-                    concurrency=c,
-                    duration_s=duration,
-                    batch=True,
+                _say(f"  c={c}: {results[-1].requests_per_s:,.0f} tps")
+            for c in (16, 64):
+                results.append(
+                    peers.run_pgbench(
+                        "postgres upsert x50",
+                        port,
+                        pid,
+                        pg_dir,
+                        concurrency=c,
+                        duration_s=duration,
+                        batch=True,
+                    )
                 )
+                _say(f"  x50 c={c}: {results[-1].items_per_s:,.0f} rows/s")
+        if equal:
+            _say("PostgreSQL 15, equal work: PL/pgSQL fence + Kafka's merge, synchronous_commit on")
+            results += equal_work.scenarios(
+                equal_work.PostgresPeer(port),
+                "postgres equal-work",
+                pid,
+                bodies,
+                work / "equal-work",
+                duration,
             )
-            _say(f"  x50 c={c}: {results[-1].items_per_s:,.0f} rows/s")
-    _say("Redis 7: SET / MSET, appendfsync always")
     with peers.redis(work) as (port, pid):
-        for c in (1, 16, 64):
-            results.append(
-                peers.run_redis_benchmark(
-                    "redis set", port, pid, concurrency=c, duration_s=duration, batch=False
+        if blind:
+            _say("Redis 7: SET / MSET, appendfsync always")
+            for c in (1, 16, 64):
+                results.append(
+                    peers.run_redis_benchmark(
+                        "redis set", port, pid, concurrency=c, duration_s=duration, batch=False
+                    )
                 )
-            )
-            _say(f"  c={c}: {results[-1].requests_per_s:,.0f} req/s")
-        for c in (16, 64):
-            results.append(
-                peers.run_redis_benchmark(
-                    "redis mset x50", port, pid, concurrency=c, duration_s=duration, batch=True
+                _say(f"  c={c}: {results[-1].requests_per_s:,.0f} req/s")
+            for c in (16, 64):
+                results.append(
+                    peers.run_redis_benchmark(
+                        "redis mset x50", port, pid, concurrency=c, duration_s=duration, batch=True
+                    )
                 )
+                _say(f"  x50 c={c}: {results[-1].items_per_s:,.0f} keys/s")
+        if equal:
+            _say("Redis 7, equal work: a Lua function (fence + Kafka's merge), appendfsync always")
+            results += equal_work.scenarios(
+                equal_work.RedisPeer(port),
+                "redis equal-work",
+                pid,
+                bodies,
+                work / "equal-work",
+                duration,
             )
-            _say(f"  x50 c={c}: {results[-1].items_per_s:,.0f} keys/s")
     return results
 
 
@@ -258,7 +281,7 @@ def recovery_scenario(work: Path, records: int) -> dict[str, Any]:
     )
     port = free_port()
     log = work / "recovery.log"
-    with running(_daemon_argv(data, port, "info"), env=_python_env(), log=str(log)):
+    with running(_daemon_argv(data, port, "info"), env=python_env(), log=str(log)):
         _wait_ready(f"http://127.0.0.1:{port}")
     match = re.search(r"loaded \d+ state partitions in ([\d.]+)s", log.read_text())
     if not match:
@@ -284,7 +307,7 @@ def _rss_when_ready(data: Path) -> int:
     """The daemon's resident set once it has loaded `data` and serves (after a moment
     for the load's garbage to be collected)."""
     port = free_port()
-    with running(_daemon_argv(data, port, "warning"), env=_python_env(), log=os.devnull) as proc:
+    with running(_daemon_argv(data, port, "warning"), env=python_env(), log=os.devnull) as proc:
         _wait_ready(f"http://127.0.0.1:{port}")
         time.sleep(1.0)
         return _resident_bytes(proc.pid)
@@ -316,20 +339,26 @@ def memory_scenario(work: Path, share_partitions: int) -> dict[str, Any]:
     }
 
 
+# Each peer row family: (label in the ratios, single-entry row name, batched row name).
+PEER_ROWS = (
+    ("Redis appendfsync always", "redis set", "redis mset x50"),
+    ("PostgreSQL", "postgres upsert", "postgres upsert x50"),
+    ("equal-work Redis", "redis equal-work", "redis equal-work x50"),
+    ("equal-work PostgreSQL", "postgres equal-work", "postgres equal-work x50"),
+)
+
+
 def ratios(http: list[LoadResult]) -> dict[str, float]:
-    def best(prefix: str, batched: bool) -> float | None:
-        rows = [
-            r for r in http if r.name.startswith(prefix) and (r.items_per_request > 1) == batched
-        ]
-        return max((r.items_per_s for r in rows), default=None)
+    def best(name: str) -> float | None:
+        return max((r.items_per_s for r in http if r.name == name), default=None)
 
     out: dict[str, float] = {}
-    sc_batch = best("sharecoord write x50", True)
-    sc_single = best("sharecoord write", False)
-    ceiling = best("ceiling", False)
-    for peer, label in (("redis", "Redis appendfsync always"), ("postgres", "PostgreSQL")):
-        peer_batch = best(peer, True)
-        peer_single = best(peer, False)
+    sc_batch = best("sharecoord write x50")
+    sc_single = best("sharecoord write")
+    ceiling = best("ceiling")
+    for label, single, batched in PEER_ROWS:
+        peer_batch = best(batched)
+        peer_single = best(single)
         if sc_batch and peer_batch:
             out[f"batched writes, sharecoord / {label}"] = sc_batch / peer_batch
         if sc_single and peer_single:
@@ -358,15 +387,25 @@ def main(argv: list[str] | None = None) -> int:
             "notes": [
                 "A server's CPU is one core at most (all pinned to one CPU); the generator's "
                 "CPU share shows it had room to spare.",
-                "The peers overwrite a 100-byte blob per share-partition; sharecoord also "
-                "merges the write's batches into the stored state.",
+                "The blind-overwrite peers (upsert, set, mset) replace a 100-byte blob per "
+                "share-partition: the storage floor. sharecoord also fences and merges the "
+                "write's batches into the stored state.",
+                "The equal-work peers do what sharecoord does per write (fence, Kafka's merge, "
+                "store) in PL/pgSQL and a Redis function, replaying sharecoord's own request "
+                "bodies in order with bench/replay.py; before their runs each one stored the "
+                "same states as sharecoord's shard after the first "
+                f"{equal_work.SAMPLE_SINGLE + 50 * equal_work.SAMPLE_BATCHED} writes.",
             ],
         }
         http: list[LoadResult] = []
+        blind = bool(only & {"peers", "blind-peers"})
+        equal = bool(only & {"peers", "equal-work"})
+        if "http" in only or blind or equal:
+            bodies = build_body_files(work / "bodies")
         if "http" in only:
-            http += http_scenarios(work, duration, args.quick)
-        if "peers" in only:
-            http += peer_scenarios(work, duration)
+            http += http_scenarios(work, bodies, duration, args.quick)
+        if blind or equal:
+            http += peer_scenarios(work, bodies, duration, blind=blind, equal=equal)
         results["http"] = [r.as_dict() for r in http]
         results["ratios"] = ratios(http)
         if "recovery" in only:

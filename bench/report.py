@@ -24,7 +24,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{machine['fdatasync_ms']} ms. "
         f"{machine['pinning']}.",
         "",
-        "## Requests over HTTP (wrk, pgbench, redis-benchmark)",
+        "## Requests (wrk over HTTP; pgbench, redis-benchmark, bench.replay to the peers)",
         "",
         "| scenario | conc. | requests/s | share-partitions/s | p50 ms | p99 ms "
         "| server CPU | generator CPU | vs ceiling |",
@@ -89,16 +89,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
     rows = [r for r in results["http"]]
     labels = [f"{r['name']}\nc={r['concurrency']}" for r in rows]
     values = [r["items_per_s"] for r in rows]
-    colors = [
-        "#888888"
-        if r["name"] == "ceiling"
-        else "#1f77b4"
-        if r["name"].startswith("sharecoord")
-        else "#d62728"
-        if r["name"].startswith("postgres")
-        else "#ff7f0e"
-        for r in rows
-    ]
+    colors = [_color(r["name"]) for r in rows]
     fig, ax = plt.subplots(figsize=(max(8, len(rows) * 0.7), 5))
     ax.bar(range(len(rows)), values, color=colors)
     ax.set_yscale("log")
@@ -109,6 +100,19 @@ def chart(results: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def _color(name: str) -> str:
+    """Grey ceiling, blue sharecoord; each peer in a light (blind overwrite) and a dark
+    (equal work) shade of its colour."""
+    if name == "ceiling":
+        return "#888888"
+    if name.startswith("sharecoord"):
+        return "#1f77b4"
+    equal = "equal-work" in name
+    if name.startswith("postgres"):
+        return "#8c1010" if equal else "#d62728"
+    return "#b35900" if equal else "#ff7f0e"
 
 
 def save(results: dict[str, Any], directory: Path) -> dict[str, Path]:

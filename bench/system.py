@@ -23,6 +23,17 @@ from typing import Any
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def python_env() -> dict[str, str]:
+    """The environment for a `python -m bench...` or `-m server...` child: this checkout
+    first on the import path, whatever the working directory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO, env.get("PYTHONPATH")]))
+    return env
+
+
 def cores() -> int:
     return len(os.sched_getaffinity(0))
 

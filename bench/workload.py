@@ -117,12 +117,33 @@ def read_bodies(
 
 def save_bodies(bodies: list[Body], path: Path, *, as_json: bool = False) -> Path:
     """Length-prefixed bodies, the format bench/wrk/bodies.lua reads."""
+    return write_frames(
+        [json.dumps(body).encode() if as_json else msgpack.packb(body) for body in bodies], path
+    )
+
+
+def load_bodies(path: Path) -> list[Body]:
+    """The msgpack bodies of a file `save_bodies` wrote: what wrk sends, decoded."""
+    return [msgpack.unpackb(frame) for frame in read_frames(path)]
+
+
+def write_frames(frames: list[bytes], path: Path) -> Path:
+    """Each frame preceded by its length (4 bytes, big-endian)."""
     with open(path, "wb") as f:
-        for body in bodies:
-            data = json.dumps(body).encode() if as_json else msgpack.packb(body)
-            f.write(struct.pack(">I", len(data)))
-            f.write(data)
+        for frame in frames:
+            f.write(struct.pack(">I", len(frame)))
+            f.write(frame)
     return path
+
+
+def read_frames(path: Path) -> list[bytes]:
+    data = path.read_bytes()
+    frames, at = [], 0
+    while at < len(data):
+        (size,) = struct.unpack_from(">I", data, at)
+        frames.append(data[at + 4 : at + 4 + size])
+        at += 4 + size
+    return frames
 
 
 def build_body_files(directory: Path, seed: int = 932) -> dict[str, Path]:
