@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Awaitable, Callable
@@ -33,7 +34,7 @@ from server.config import ServeConfig
 from server.connection import ApiAppRunner
 from server.http import COORDINATOR, create_app
 from server.kafka_auth import CredentialsError, KafkaAuth, load_credentials
-from server.kafka_listener import KafkaListener, start_kafka_listener
+from server.kafka_listener import KafkaListener, bind_kafka_socket, start_kafka_listener
 from server.logs import json_line, log_event
 from server.security import SecurityError, load_token, server_ssl_context
 
@@ -142,6 +143,7 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    kafka_socket = _bind_kafka(config) if config.kafka_listener is not None else None
     runner = ApiAppRunner(
         app,
         request_timeout_s=config.request_timeout_s,
@@ -168,8 +170,8 @@ async def _serve(
         if config.cluster is None and port != config.port:
             # --listen with port 0: advertise the port actually bound.
             coordinator.rebind(ClusterMap.single(config.node_id, host, port, config.partitions))
-        if config.kafka_listener is not None:
-            kafka = await _start_kafka(app, config, ssl_context, kafka_auth)
+        if kafka_socket is not None:
+            kafka = await _start_kafka(app, config, ssl_context, kafka_auth, kafka_socket)
         scheme = "https" if ssl_context else "http"
         url = f"{scheme}://{host}:{port}"
         log_event(_log, "info", "listening", url=url)
@@ -218,21 +220,27 @@ async def _serve(
     return EXIT_OK
 
 
+def _bind_kafka(config: ServeConfig) -> socket.socket:
+    assert config.kafka_listener is not None
+    try:
+        return bind_kafka_socket(config.kafka_listener)
+    except OSError as exc:
+        raise ListenError(
+            f"cannot listen on {config.kafka_listener} (--kafka-listener): {exc.strerror or exc}"
+        ) from exc
+
+
 async def _start_kafka(
     app: web.Application,
     config: ServeConfig,
     ssl_context: ssl.SSLContext | None,
     auth: KafkaAuth,
+    sock: socket.socket,
 ) -> KafkaListener:
-    """Listen at --kafka-listener and say where, before the HTTP "listening" line."""
-    try:
-        kafka, host, port = await start_kafka_listener(
-            app[COORDINATOR], config, ssl_context, auth
-        )
-    except OSError as exc:
-        raise ListenError(
-            f"cannot listen on {config.kafka_listener} (--kafka-listener): {exc.strerror or exc}"
-        ) from exc
+    """Serve Kafka's protocol and say where, before the HTTP "listening" line."""
+    kafka, host, port = await start_kafka_listener(
+        app[COORDINATOR], config, ssl_context, auth, sock
+    )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     log_event(_log, "info", "kafka listening", address=address, tls=ssl_context is not None)
     if config.log_format == "json":

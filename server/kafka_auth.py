@@ -39,6 +39,7 @@ from protocol.sasl import (
     ScramCredential,
     ScramServer,
     check_plain,
+    derive_credential,
 )
 
 FILE_VERSION = 1
@@ -208,3 +209,37 @@ class SaslSession:
             self.user = scram.user
             self.authenticated = True
         return answer
+
+
+# --- `sharecoord scram add / remove` ------------------------------------------------------
+
+
+def _existing(path: str) -> Credentials:
+    """The file's credentials, or none when it does not exist yet."""
+    if not os.path.exists(path):
+        return {}
+    return load_credentials(path)
+
+
+def add_user(path: str, user: str, mechanism: str, password: bytes, iterations: int) -> None:
+    """Add or replace one user's credential for one mechanism (a fresh 32-byte salt)."""
+    credentials = _existing(path)
+    credential = derive_credential(mechanism, password, secrets.token_bytes(32), iterations)
+    credentials.setdefault(user, {})[mechanism] = credential
+    write_credentials(path, credentials)
+
+
+def remove_user(path: str, user: str, mechanism: str | None) -> bool:
+    """Remove a user (one mechanism, or all); whether there was anything to remove."""
+    credentials = _existing(path)
+    mechanisms = credentials.get(user)
+    if mechanisms is None or (mechanism is not None and mechanism not in mechanisms):
+        return False
+    if mechanism is None:
+        del credentials[user]
+    else:
+        del mechanisms[mechanism]
+        if not mechanisms:
+            del credentials[user]
+    write_credentials(path, credentials)
+    return True

@@ -133,8 +133,8 @@ class KafkaApi:
             header = wire.read_request_header(reader, km.request_header_version(api_key, version))
             rpc = km.RPCS.get(api_key)
             if rpc is not None:
-                return self._state_rpc(rpc, version, header.correlation_id, reader)
-            if api_key == km.FIND_COORDINATOR:
+                answer: Answer = self._state_rpc(rpc, version, header.correlation_id, reader)
+            elif api_key == km.FIND_COORDINATOR:
                 answer = self._find_coordinator(version, header.correlation_id, reader)
             elif api_key == km.SASL_HANDSHAKE:
                 answer = self._sasl_handshake(header.correlation_id, reader, session)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import socket
 import ssl
 from collections.abc import Awaitable
 from typing import Any, cast
@@ -273,16 +274,14 @@ class KafkaListener:
         self.idle = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
 
-    async def start(self, host: str, port: int) -> tuple[str, int]:
-        """Listen; returns the bound address (the port chosen for port 0)."""
+    async def start(self, sock: socket.socket) -> tuple[str, int]:
+        """Serve on a bound, listening socket; returns its address."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: KafkaConnection(self),
-            host,
-            port,
+            sock=sock,
             ssl=self.ssl_context,
             ssl_handshake_timeout=self.timeout if self.ssl_context else None,
-            reuse_address=True,
         )
         sockets: Any = self._server.sockets
         bound = sockets[0].getsockname()
@@ -313,16 +312,23 @@ class KafkaListener:
         return self.drained, cut_off
 
 
+def bind_kafka_socket(address: str) -> socket.socket:
+    """Bind and listen at ``--kafka-listener`` before anything else starts, so that an
+    address in use is one line and no opened log. ``OSError`` if it cannot be bound."""
+    host, port = parse_listen(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return socket.create_server((host, port), family=family, backlog=1024)
+
+
 async def start_kafka_listener(
     coordinator: Coordinator,
     config: ServeConfig,
     ssl_context: ssl.SSLContext | None,
     auth: KafkaAuth,
+    sock: socket.socket,
 ) -> tuple[KafkaListener, str, int]:
-    """Build the listener on the app's coordinator and listen at ``--kafka-listener``;
-    returns it with the bound host and port. ``OSError`` if the address cannot be bound."""
-    assert config.kafka_listener is not None
-    host, port = parse_listen(config.kafka_listener)
+    """Build the listener on the app's coordinator and serve on ``sock``; returns it
+    with the bound host and port."""
     api = KafkaApi(
         coordinator.require_service,
         lambda: coordinator.cluster,
@@ -339,5 +345,5 @@ async def start_kafka_listener(
         timeout=config.request_timeout_s,
         ssl_context=ssl_context,
     )
-    bound_host, bound_port = await listener.start(host, port)
+    bound_host, bound_port = await listener.start(sock)
     return listener, bound_host, bound_port
