@@ -158,7 +158,9 @@ ROWS = [
         "invalid choice",
         "MD5",
     ),
-    row("scram-add-no-user", "scram add --file {dir}/c.json --mechanism SCRAM-SHA-256", 2, "--user"),
+    row(
+        "scram-add-no-user", "scram add --file {dir}/c.json --mechanism SCRAM-SHA-256", 2, "--user"
+    ),
     row(
         "scram-add-file-is-a-directory",
         "scram add --file {dir} --user u --mechanism SCRAM-SHA-256",

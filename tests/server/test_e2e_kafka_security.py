@@ -188,6 +188,14 @@ async def test_scram_with_wrong_credentials_is_refused_and_closed(scram, mechani
 # --- TLS ------------------------------------------------------------------------------------
 
 
+async def refused_summary(host: str, port: int, context: ssl.SSLContext) -> None:
+    refused = await KafkaClient.connect(host, port, ssl_context=context)
+    try:
+        await summary(refused)
+    finally:
+        await refused.close()
+
+
 async def test_mutual_tls_refuses_a_client_without_a_certificate_of_the_ca(spawn, tmp_path, pki):
     daemon = await spawn(
         tmp_path / "data", "--kafka-listener", "127.0.0.1:0", *pki.mtls_flags(), ready=False
@@ -205,9 +213,5 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate_of_the_ca(spawn
         if cert is not None:
             context.load_cert_chain(*cert)
         with pytest.raises((ssl.SSLError, ConnectionError, asyncio.IncompleteReadError)):
-            refused = await KafkaClient.connect(host, port, ssl_context=context)
-            try:
-                await summary(refused)
-            finally:
-                await refused.close()
+            await refused_summary(host, port, context)
     assert "Traceback" not in await asyncio.to_thread(daemon.stderr_text)
