@@ -296,7 +296,13 @@ class KafkaApi:
     async def _serve(
         self, rpc: Rpc, version: int, correlation_id: int, request: Any, started: float
     ) -> bytes:
-        response = await self._service().handle(rpc, request)
-        answer = km.encode_state_response(rpc, version, correlation_id, response)
+        try:
+            response = await self._service().handle(rpc, request)
+            answer = km.encode_state_response(rpc, version, correlation_id, response)
+        except Exception:
+            # A bug: logged with its trace; the connection closes (Kafka has no per-request
+            # error answer for the unexpected).
+            _log.exception("Kafka listener: %s failed", API_NAMES[rpc.api_key])
+            raise
         self.latency(rpc.api_key).observe(time.perf_counter() - started)
         return answer

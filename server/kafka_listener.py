@@ -32,7 +32,6 @@ import collections
 import logging
 import socket
 import ssl
-from collections.abc import Awaitable
 from typing import Any, cast
 
 from server.config import ServeConfig, parse_listen
@@ -139,19 +138,10 @@ class KafkaConnection(asyncio.Protocol):
         if isinstance(answer, bytes):
             self._send(answer)
             return
-        task = self._loop.create_task(self._guard(answer))
+        task = asyncio.ensure_future(answer)
         self._listener.in_flight += 1
         self._pending.append(task)
         task.add_done_callback(self._answered)
-
-    async def _guard(self, answer: Awaitable[bytes]) -> bytes:
-        try:
-            return await answer
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            _log.exception("Kafka listener: a request failed")
-            raise
 
     def _send(self, answer: bytes) -> None:
         if self._pending:
