@@ -42,7 +42,8 @@ def markdown(results: dict[str, Any]) -> str:
         vs = ""
         own = "kafka ceiling" if r["name"].startswith("sharecoord kafka") else "ceiling"
         ceiling = ceilings.get((own, r["concurrency"]))
-        if r["name"] not in ("ceiling", "kafka ceiling") and ceiling and r["items_per_request"] == 1:
+        is_ceiling = r["name"] in ("ceiling", "kafka ceiling")
+        if not is_ceiling and ceiling and r["items_per_request"] == 1:
             vs = f"{r['requests_per_s'] / ceiling:.0%}"
         lines.append(
             f"| {r['name']} | {r['concurrency']} | {_fmt(r['requests_per_s'])} | "
