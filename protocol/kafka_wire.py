@@ -63,6 +63,7 @@ __all__ = [
     "read_request_header",
     "request_header",
     "response_header",
+    "skip_request_header",
     "string",
     "uvarint",
     "varint",
@@ -329,6 +330,24 @@ def read_request_header(reader: Reader, header_version: int) -> RequestHeader:
     if header_version >= 2:
         reader.skip_tagged_fields()
     return RequestHeader(api_key, api_version, correlation_id, client_id)
+
+
+_HEADER = struct.Struct(">hhih")
+
+
+def skip_request_header(reader: Reader, header_version: int) -> int:
+    """Read past a request header v1 or v2 and return its correlation id: the server's
+    hot path, which has no use for the client id (it is checked, not decoded)."""
+    pos = reader._take(10)
+    _, _, correlation_id, client_id_size = _HEADER.unpack_from(reader.buf, pos)
+    if client_id_size < -1:
+        raise WireError(f"a client id length of {client_id_size}")
+    if client_id_size > 0:
+        reader._take(client_id_size)
+    if header_version >= 2:
+        reader.skip_tagged_fields()
+    correlation: int = correlation_id
+    return correlation
 
 
 def request_header(

@@ -130,16 +130,17 @@ class KafkaApi:
             )
         reader = Reader(frame)
         try:
-            header = wire.read_request_header(reader, km.request_header_version(api_key, version))
+            header_version = km.request_header_version(api_key, version)
+            correlation_id = wire.skip_request_header(reader, header_version)
             rpc = km.RPCS.get(api_key)
             if rpc is not None:
-                answer: Answer = self._state_rpc(rpc, version, header.correlation_id, reader)
+                answer: Answer = self._state_rpc(rpc, version, correlation_id, reader)
             elif api_key == km.FIND_COORDINATOR:
-                answer = self._find_coordinator(version, header.correlation_id, reader)
+                answer = self._find_coordinator(version, correlation_id, reader)
             elif api_key == km.SASL_HANDSHAKE:
-                answer = self._sasl_handshake(header.correlation_id, reader, session)
+                answer = self._sasl_handshake(correlation_id, reader, session)
             else:
-                answer = self._sasl_authenticate(version, header.correlation_id, reader, session)
+                answer = self._sasl_authenticate(version, correlation_id, reader, session)
         except WireError as exc:
             self.count(api_key, version, "closed")
             raise CloseConnection("malformed", f"{API_NAMES[api_key]} v{version}: {exc}") from None

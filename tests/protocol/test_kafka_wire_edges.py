@@ -135,3 +135,14 @@ def test_an_unknown_user_gets_a_stable_decoy_salt_and_fails_at_the_proof():
     proof = base64.b64encode(bytes(32)).decode()
     with pytest.raises(SaslFailed, match="Invalid user credentials"):
         a.step(f"c=biws,r=c1server,p={proof}".encode())
+
+
+def test_skipping_a_request_header_gives_its_correlation_id_and_the_body_after_it():
+    for version in (1, 2):
+        for client in (None, "", "leader-7"):
+            data = wire.request_header(85, 1, 4242, client, version) + b"BODY"
+            reader = Reader(data)
+            assert wire.skip_request_header(reader, version) == 4242
+            assert data[reader.pos :] == b"BODY"
+    with pytest.raises(WireError):
+        wire.skip_request_header(Reader(b"\x00\x55\x00\x01\x00\x00\x00\x01\xff\xfe"), 1)
