@@ -59,6 +59,7 @@ class KafkaConnection(asyncio.Protocol):
         # Answers in request order: bytes ready to go, or futures of them.
         self._pending: collections.deque[bytes | asyncio.Future[bytes]] = collections.deque()
         self._closing = False
+        self._eof = False
         self._reading_paused = False
         self._write_paused_at: float | None = None
         self._last_progress = 0.0
@@ -87,9 +88,14 @@ class KafkaConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
+        self._buf += data
+        self._process()
+
+    def _process(self) -> None:
+        """Dispatch the whole frames in the buffer, while fewer than MAX_IN_FLIGHT wait:
+        beyond that the connection is not read, and the rest waits in the buffer."""
         buf = self._buf
-        buf += data
-        while len(buf) >= 4:
+        while len(buf) >= 4 and len(self._pending) < MAX_IN_FLIGHT:
             size = int.from_bytes(buf[:4], "big", signed=True)
             if size > self._max_frame:
                 self.close("too_large", f"a frame of {size} bytes, over --max-body-bytes")
@@ -107,13 +113,15 @@ class KafkaConnection(asyncio.Protocol):
                 return
         if len(self._pending) >= MAX_IN_FLIGHT:
             self._pause_reading()
+        elif self._eof and not self._pending:
+            self.close(None)  # the client is done sending, and everything is answered
 
     def eof_received(self) -> bool | None:
-        # The client is done sending: answer what it asked, then close.
+        # The client is done sending: answer what it asked, then close (keep the
+        # transport open for writing until then).
+        self._eof = True
         if not self._pending:
-            self.close(None)
-            return None
-        self._closing = True
+            self._process()
         return True
 
     def pause_writing(self) -> None:
@@ -175,10 +183,11 @@ class KafkaConnection(asyncio.Protocol):
                 transport.write(answer)
         self._last_progress = self._loop.time()
         if not pending:
-            if self._closing:  # half-closed by the client, everything answered
-                self.close(None)
-                return
             listener.idle.set()
+        if self._closing or listener.stopping:
+            return
+        if self._buf or self._eof:
+            self._process()  # frames that waited for room, or the end after a half-close
         self._maybe_resume_reading()
 
     # --- flow control and deadlines -----------------------------------------------------
