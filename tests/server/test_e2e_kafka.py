@@ -334,3 +334,16 @@ async def test_idle_and_slow_connections_are_cut(spawn, tmp_path):
 
 def test_schema_helper_knows_the_share_messages():
     assert schema("write_share_group_state", 1, "request").PartitionData
+
+
+async def test_a_client_that_half_closes_gets_every_answer_then_eof(kafka):
+    client = await connect(kafka)
+    requests = [share_request("read-summary", body("eof", (TOPIC, [part(p)]))) for p in range(40)]
+    frames = [client.frame(r) for r in requests]
+    client.writer.write(b"".join(data for data, _ in frames))
+    client.writer.write_eof()
+    for request, (_, correlation_id) in zip(requests, frames, strict=True):
+        answer = client.decode(request, await client.read_frame(), correlation_id)
+        assert int(answer.results[0].partitions[0].error_code) == 0
+    assert await client.reader.read() == b""
+    await client.close()
