@@ -460,6 +460,10 @@ def main(argv: list[str] | None = None) -> int:
                 "CPU share shows it had room to spare.",
                 "The peers overwrite a 100-byte blob per share-partition; sharecoord also "
                 "merges the write's batches into the stored state.",
+                "Kafka rows: bench/kafka_load.py keeps one request in flight per connection "
+                "(as Kafka's persister does), pre-encoded WriteShareGroupState v1 frames; "
+                "'kafka ceiling' is bench/kafka_null.py, which parses each frame and answers "
+                "a fixed response, so its rate is also the generator's own ceiling.",
             ],
         }
         http: list[LoadResult] = []
