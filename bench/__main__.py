@@ -1,6 +1,6 @@
 """`make bench`: sharecoord next to its ceiling and its peers, in one run on one machine.
 
-    python -m bench [--quick] [--only http,peers,recovery,memory,spark] [--duration S]
+    python -m bench [--quick] [--only http,kafka,peers,recovery,memory,spark] [--duration S]
 
 `peers` runs both kinds of peer; `blind-peers` or `equal-work` runs one kind alone.
 
@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import equal_work, peers, report
+from bench.kafka_load import run_kafka_load, write_frames
 from bench.loadgen import LoadResult, run_wrk
 from bench.logs import build_log
 from bench.system import (
@@ -33,7 +34,7 @@ from bench.system import (
     server_cpus,
     wait_for_port,
 )
-from bench.workload import build_body_files, initialize_all
+from bench.workload import build_body_files, initialize_all, write_bodies
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WRITE = "/v1/share-group-state/write"
@@ -41,12 +42,12 @@ READ = "/v1/share-group-state/read"
 READ_SUMMARY = "/v1/share-group-state/read-summary"
 
 
-def _daemon_argv(data: Path, port: int, log_level: str) -> list[str]:
+def _daemon_argv(data: Path, port: int, log_level: str, *extra: str) -> list[str]:
     """`sharecoord serve` on a data directory, pinned to the server CPU."""
     return pinned(
         server_cpus(),
         [sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data),
-         "--listen", f"127.0.0.1:{port}", "--log-level", log_level],
+         "--listen", f"127.0.0.1:{port}", "--log-level", log_level, *extra],
     )  # fmt: skip
 
 
@@ -152,6 +153,93 @@ def http_scenarios(
                     server_pid=proc.pid,
                 )
             )
+        _check_no_errors(base)
+    return results
+
+
+def kafka_scenarios(work: Path, duration: float) -> list[LoadResult]:
+    """The Kafka listener next to its ceiling (a null Kafka-protocol handler) and to HTTP
+    on the same daemon: single writes at c=1/16/64, batched writes (50 entries)."""
+    import random  # noqa: PLC0415
+
+    rng = random.Random(1313)
+    directory = work / "kafka-frames"
+    directory.mkdir(parents=True, exist_ok=True)
+    single = write_frames(write_bodies(rng, 20_000, 1), directory / "write-1.kafka")
+    batched = write_frames(write_bodies(rng, 4_000, 50), directory / "write-50.kafka")
+    bodies = build_body_files(work / "bodies")
+    results: list[LoadResult] = []
+    concurrencies = (1, 16, 64)
+
+    port = free_port()
+    _say("kafka ceiling: a null Kafka-protocol handler (parse the frame, fixed answer)")
+    with running(
+        pinned(server_cpus(), [sys.executable, "-m", "bench.kafka_null", str(port)]),
+        env=python_env(),
+        log=str(work / "kafka-null.log"),
+    ) as proc:
+        wait_for_port(port)
+        for c in concurrencies:
+            results.append(
+                run_kafka_load(
+                    "kafka ceiling",
+                    port,
+                    single,
+                    concurrency=c,
+                    duration_s=duration,
+                    server_pid=proc.pid,
+                )
+            )
+            _say(f"  c={c}: {results[-1].requests_per_s:,.0f} req/s")
+
+    port, kafka_port = free_port(), free_port()
+    data = work / "sharecoord-kafka-data"
+    _say("sharecoord over the Kafka listener, and over HTTP on the same daemon")
+    argv = _daemon_argv(data, port, "warning", "--kafka-listener", f"127.0.0.1:{kafka_port}")
+    with running(argv, env=python_env(), log=str(work / "sharecoord-kafka.log")) as proc:
+        base = f"http://127.0.0.1:{port}"
+        _wait_ready(base)
+        initialize_all(base)
+        for c in concurrencies:
+            results.append(
+                run_kafka_load(
+                    "sharecoord kafka write",
+                    kafka_port,
+                    single,
+                    concurrency=c,
+                    duration_s=duration,
+                    server_pid=proc.pid,
+                )
+            )
+            _say(
+                f"  kafka write c={c}: {results[-1].requests_per_s:,.0f} req/s, "
+                f"p99 {results[-1].p99_ms:.2f} ms"
+            )
+        for c in (16, 64):
+            results.append(
+                run_kafka_load(
+                    "sharecoord kafka write x50",
+                    kafka_port,
+                    batched,
+                    concurrency=c,
+                    duration_s=duration,
+                    server_pid=proc.pid,
+                    items_per_request=50,
+                )
+            )
+            _say(f"  kafka batched write c={c}: {results[-1].items_per_s:,.0f} share-partitions/s")
+        for c in concurrencies:
+            results.append(
+                run_wrk(
+                    "sharecoord http write (same daemon)",
+                    base + WRITE,
+                    bodies["write"],
+                    concurrency=c,
+                    duration_s=duration,
+                    server_pid=proc.pid,
+                )
+            )
+            _say(f"  http write c={c}: {results[-1].requests_per_s:,.0f} req/s")
         _check_no_errors(base)
     return results
 
@@ -365,13 +453,25 @@ def ratios(http: list[LoadResult]) -> dict[str, float]:
             out[f"single writes, sharecoord / {label}"] = sc_single / peer_single
     if sc_single and ceiling:
         out["single writes, sharecoord / ceiling (best of each)"] = sc_single / ceiling
+
+    def at(name: str, concurrency: int) -> float | None:
+        rows = [r for r in http if r.name == name and r.concurrency == concurrency]
+        return rows[0].requests_per_s if rows else None
+
+    kafka_64 = at("sharecoord kafka write", 64)
+    http_64 = at("sharecoord http write (same daemon)", 64)
+    null_64 = at("kafka ceiling", 64)
+    if kafka_64 and http_64:
+        out["single writes c=64, Kafka listener / HTTP (same daemon)"] = kafka_64 / http_64
+    if kafka_64 and null_64:
+        out["single writes c=64, Kafka listener / null Kafka handler"] = kafka_64 / null_64
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs, small logs")
-    parser.add_argument("--only", default="http,peers,recovery,memory,spark")
+    parser.add_argument("--only", default="http,kafka,peers,recovery,memory,spark")
     parser.add_argument("--duration", type=float, default=None, help="seconds per load run")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -395,6 +495,10 @@ def main(argv: list[str] | None = None) -> int:
                 "bodies in order with bench/replay.py; before their runs each one stored the "
                 "same states as sharecoord's shard after the first "
                 f"{equal_work.SAMPLE_SINGLE + 50 * equal_work.SAMPLE_BATCHED} writes.",
+                "Kafka rows: bench/kafka_load.py keeps one request in flight per connection "
+                "(as Kafka's persister does), pre-encoded WriteShareGroupState v1 frames; "
+                "'kafka ceiling' is bench/kafka_null.py, which parses each frame and answers "
+                "a fixed response, so its rate is also the generator's own ceiling.",
             ],
         }
         http: list[LoadResult] = []
@@ -404,6 +508,8 @@ def main(argv: list[str] | None = None) -> int:
             bodies = build_body_files(work / "bodies")
         if "http" in only:
             http += http_scenarios(work, bodies, duration, args.quick)
+        if "kafka" in only:
+            http += kafka_scenarios(work, duration)
         if blind or equal:
             http += peer_scenarios(work, bodies, duration, blind=blind, equal=equal)
         results["http"] = [r.as_dict() for r in http]

@@ -24,19 +24,27 @@ def markdown(results: dict[str, Any]) -> str:
         f"{machine['fdatasync_ms']} ms. "
         f"{machine['pinning']}.",
         "",
-        "## Requests (wrk over HTTP; pgbench, redis-benchmark, bench.replay to the peers)",
+        "## Requests (wrk over HTTP, bench/kafka_load.py to the Kafka listener; pgbench, "
+        "redis-benchmark, bench.replay to the peers)",
         "",
         "| scenario | conc. | requests/s | share-partitions/s | p50 ms | p99 ms "
         "| server CPU | generator CPU | vs ceiling |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    ceiling = {
-        r["concurrency"]: r["requests_per_s"] for r in results["http"] if r["name"] == "ceiling"
+    # Each row against the ceiling of its own protocol: the Kafka listener's rows against
+    # the null Kafka-protocol handler, the rest against aiohttp's.
+    ceilings = {
+        (r["name"], r["concurrency"]): r["requests_per_s"]
+        for r in results["http"]
+        if r["name"] in ("ceiling", "kafka ceiling")
     }
     for r in results["http"]:
         vs = ""
-        if r["name"] != "ceiling" and r["concurrency"] in ceiling and r["items_per_request"] == 1:
-            vs = f"{r['requests_per_s'] / ceiling[r['concurrency']]:.0%}"
+        own = "kafka ceiling" if r["name"].startswith("sharecoord kafka") else "ceiling"
+        ceiling = ceilings.get((own, r["concurrency"]))
+        is_ceiling = r["name"] in ("ceiling", "kafka ceiling")
+        if not is_ceiling and ceiling and r["items_per_request"] == 1:
+            vs = f"{r['requests_per_s'] / ceiling:.0%}"
         lines.append(
             f"| {r['name']} | {r['concurrency']} | {_fmt(r['requests_per_s'])} | "
             f"{_fmt(r['items_per_s'])} | {_fmt(r['p50_ms'], 2)} | {_fmt(r['p99_ms'], 2)} | "
@@ -105,7 +113,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
 def _color(name: str) -> str:
     """Grey ceiling, blue sharecoord; each peer in a light (blind overwrite) and a dark
     (equal work) shade of its colour."""
-    if name == "ceiling":
+    if name in ("ceiling", "kafka ceiling"):
         return "#888888"
     if name.startswith("sharecoord"):
         return "#1f77b4"

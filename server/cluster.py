@@ -17,6 +17,10 @@ state partitions it owns; each state partition has exactly one owner::
     port = 9095
     partitions = ["25-49"]
 
+A node may also name ``kafka_port``, the port of its Kafka listener (``--kafka-listener``)
+on the same host: the Kafka listener's FindCoordinator answers with it. A node without
+one is answered 15 (COORDINATOR_NOT_AVAILABLE) to a Kafka client that asks for it.
+
 With no cluster file the node is alone and owns everything (``ClusterMap.single``).
 No I/O here but ``load_cluster`` reading the file.
 """
@@ -46,6 +50,7 @@ _INT32_MAX = 2**31 - 1
 MAX_PARTITIONS = 10_000
 _FILE_KEYS = frozenset({"num_partitions", "node"})
 _NODE_KEYS = frozenset({"id", "host", "port", "partitions"})
+_OPTIONAL_NODE_KEYS = frozenset({"kafka_port"})
 
 
 class ClusterError(ValueError):
@@ -60,6 +65,7 @@ class Node:
     host: str
     port: int
     partitions: frozenset[int]
+    kafka_port: int | None = None  # its Kafka listener's port, on the same host
 
 
 @dataclass(frozen=True)
@@ -82,9 +88,16 @@ class ClusterMap:
         object.__setattr__(self, "_by_id", {node.id: node for node in self.nodes})
 
     @classmethod
-    def single(cls, node_id: int, host: str, port: int, num_partitions: int) -> ClusterMap:
+    def single(
+        cls,
+        node_id: int,
+        host: str,
+        port: int,
+        num_partitions: int,
+        kafka_port: int | None = None,
+    ) -> ClusterMap:
         """The map with no cluster file: one node, at the listen address, owning all."""
-        node = Node(node_id, host, port, frozenset(range(num_partitions)))
+        node = Node(node_id, host, port, frozenset(range(num_partitions)), kafka_port)
         return cls(num_partitions, (node,))
 
     def owner(self, state_partition: int) -> Node:
@@ -204,11 +217,12 @@ def _parse_node(index: int, table: Any, num_partitions: int) -> Node:
     where = f"[[node]] #{index + 1}"
     if not isinstance(table, dict):
         raise ClusterError(f"{where} is not a table")
-    unknown = sorted(set(table) - _NODE_KEYS)
+    unknown = sorted(set(table) - _NODE_KEYS - _OPTIONAL_NODE_KEYS)
     missing = sorted(_NODE_KEYS - set(table))
     if unknown:
         raise ClusterError(
-            f"{where}: unknown key(s) {', '.join(unknown)} (allowed: id, host, port, partitions)"
+            f"{where}: unknown key(s) {', '.join(unknown)} "
+            "(allowed: id, host, port, partitions, kafka_port)"
         )
     if missing:
         raise ClusterError(f"{where}: missing key(s) {', '.join(missing)}")
@@ -220,6 +234,11 @@ def _parse_node(index: int, table: Any, num_partitions: int) -> Node:
         raise ClusterError(f"{where}: host must be a non-empty host name or address, got {host!r}")
     if not _is_int(port) or not 1 <= port <= 65535:
         raise ClusterError(f"{where}: port must be an integer 1..65535, got {port!r}")
+    kafka_port = table.get("kafka_port")
+    if kafka_port is not None and (not _is_int(kafka_port) or not 1 <= kafka_port <= 65535):
+        raise ClusterError(f"{where}: kafka_port must be an integer 1..65535, got {kafka_port!r}")
+    if kafka_port == port:
+        raise ClusterError(f"{where}: kafka_port and port are both {port}; they must differ")
     if not isinstance(entries, list):
         raise ClusterError(f'{where}: partitions must be a list of ints or "a-b" ranges')
     owned: set[int] = set()
@@ -232,7 +251,7 @@ def _parse_node(index: int, table: Any, num_partitions: int) -> Node:
         raise ClusterError(
             f"{where} lists partition(s) {format_partitions(repeated)} more than once"
         )
-    return Node(node_id, host, port, frozenset(owned))
+    return Node(node_id, host, port, frozenset(owned), kafka_port)
 
 
 def _parse_entry(where: str, entry: Any, num_partitions: int) -> range:

@@ -264,6 +264,11 @@ def _ms(name: str, default: int, doc: str, kafka_name: str | None = None) -> Set
     return _int(name, default, doc, at_least(1), kafka_name=kafka_name)
 
 
+def _optional_text(text: str) -> str | None:
+    """A value that may be unset: empty text (an env var or a file key) unsets it."""
+    return text.strip() or None
+
+
 def _file(name: str, doc: str) -> Setting:
     doc += " An empty value means not set."
     return Setting(name, None, doc, parse_optional_path, _anything, metavar="FILE")
@@ -283,6 +288,16 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         "127.0.0.1:9095",
         "Address to serve HTTP on: HOST:PORT, or [IPV6]:PORT; port 0 picks a free one.",
         str.strip,
+        _listen,
+        metavar="HOST:PORT",
+    ),
+    Setting(
+        "kafka_listener",
+        None,
+        "Also serve the share-group state RPCs in Kafka's own wire protocol (apiKeys "
+        "83-87, with ApiVersions, FindCoordinator and SASL) on HOST:PORT or [IPV6]:PORT; "
+        "port 0 picks a free one. Off when not set (an empty value means not set).",
+        _optional_text,
         _listen,
         metavar="HOST:PORT",
     ),
@@ -348,6 +363,12 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
     _file(
         "auth_token_file",
         "File holding the bearer token every /v1/ request must carry.",
+    ),
+    _file(
+        "scram_credentials_file",
+        "SCRAM-SHA-256/512 credentials of the Kafka listener's SASL users (salted keys, "
+        "written by `sharecoord scram add`). With it or --auth-token-file (SASL/PLAIN, "
+        "the token as password), Kafka clients must authenticate.",
     ),
     _file("tls_cert", "TLS certificate chain (PEM); needs --tls-key."),
     _file("tls_key", "TLS private key (PEM, unencrypted); needs --tls-cert."),
@@ -584,6 +605,7 @@ class ServeConfig:
 
     data_dir: str
     listen: str
+    kafka_listener: str | None
     partitions: int
     topic_catalog: bool
     max_body_bytes: int
@@ -595,6 +617,7 @@ class ServeConfig:
     node_id: int
     cluster: str | None
     auth_token_file: str | None
+    scram_credentials_file: str | None
     tls_cert: str | None
     tls_key: str | None
     tls_client_ca: str | None

@@ -1,13 +1,16 @@
 """``sharecoord serve``: run the HTTP server on uvloop until SIGTERM or SIGINT.
 
 Shutdown order: stop listening, let the requests in flight finish (up to
-``shutdown_timeout_s``), then the app's cleanup context stops the jobs, commits
-what is left and closes the log. Exit 0. The last line logged says how many requests
-were drained and whether the final commit made every appended record durable.
+``shutdown_timeout_s``; the Kafka listener's first, then HTTP's), then the app's cleanup
+context stops the jobs, commits what is left and closes the log. Exit 0. The last line
+logged says how many requests were drained and whether the final commit made every
+appended record durable.
 
 Once listening, it prints ``sharecoord listening on URL`` on stdout (tests and tools
 wait for that line); with ``--log-format json`` that line is a JSON record instead,
-``"msg": "listening"`` with ``url``, ``host`` and ``port``.
+``"msg": "listening"`` with ``url``, ``host`` and ``port``. With ``--kafka-listener``, the
+line before it says ``sharecoord kafka listener on HOST:PORT`` (JSON: ``"msg":
+"kafka listening"``), so that whoever waits for the first line knows both.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Awaitable, Callable
@@ -29,6 +33,8 @@ from server.cluster import ClusterMap
 from server.config import ServeConfig
 from server.connection import ApiAppRunner
 from server.http import COORDINATOR, create_app
+from server.kafka_auth import CredentialsError, KafkaAuth, load_credentials
+from server.kafka_listener import KafkaListener, bind_kafka_socket, start_kafka_listener
 from server.logs import json_line, log_event
 from server.security import SecurityError, load_token, server_ssl_context
 
@@ -53,8 +59,13 @@ def run_server(config: ServeConfig) -> int:
             if config.tls_cert and config.tls_key
             else None
         )
-    except SecurityError as exc:
-        # A token or TLS file that cannot be used is a usage error, as a bad flag is.
+        kafka_auth = KafkaAuth(token=token)
+        if config.scram_credentials_file:
+            kafka_auth.credentials = load_credentials(config.scram_credentials_file)
+            kafka_auth.scram_enabled = True
+    except (SecurityError, CredentialsError) as exc:
+        # A token, TLS or credentials file that cannot be used is a usage error, as a bad
+        # flag is.
         return _fail(config, str(exc), EXIT_USAGE)
     fs: FileOps | None = None
     if os.environ.get(FAILPOINTS_ENV):
@@ -63,7 +74,7 @@ def run_server(config: ServeConfig) -> int:
         _log.warning("fault injection enabled through %s", FAILPOINTS_ENV)
     app = create_app(config, config.cluster_map, token=token, fs=fs)
     try:
-        return uvloop.run(_serve(app, config, ssl_context))
+        return uvloop.run(_serve(app, config, ssl_context, kafka_auth))
     except (LogError, CatalogError, ListenError) as exc:
         # The data directory is locked by another process, was made for another
         # partition count or holds an unreadable topic catalog, or the address is taken:
@@ -121,7 +132,10 @@ class _InFlight:
 
 
 async def _serve(
-    app: web.Application, config: ServeConfig, ssl_context: ssl.SSLContext | None
+    app: web.Application,
+    config: ServeConfig,
+    ssl_context: ssl.SSLContext | None,
+    kafka_auth: KafkaAuth,
 ) -> int:
     # Signals first: once the "listening" line is out (or even while the log opens),
     # SIGTERM must mean a clean stop, never the default death of the process.
@@ -129,6 +143,7 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    kafka_socket = _bind_kafka(config) if config.kafka_listener is not None else None
     runner = ApiAppRunner(
         app,
         request_timeout_s=config.request_timeout_s,
@@ -141,6 +156,7 @@ async def _serve(
     in_flight = _InFlight()
     assert runner.server is not None  # setup() made it
     runner.server.request_handler = in_flight.wrap(runner.server.request_handler)
+    kafka: KafkaListener | None = None
     try:
         site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
         try:
@@ -154,6 +170,8 @@ async def _serve(
         if config.cluster is None and port != config.port:
             # --listen with port 0: advertise the port actually bound.
             coordinator.rebind(ClusterMap.single(config.node_id, host, port, config.partitions))
+        if kafka_socket is not None:
+            kafka = await _start_kafka(app, config, ssl_context, kafka_auth, kafka_socket)
         scheme = "https" if ssl_context else "http"
         url = f"{scheme}://{host}:{port}"
         log_event(_log, "info", "listening", url=url)
@@ -168,9 +186,14 @@ async def _serve(
             _log,
             "info",
             "stopping: no new connections; finishing the requests in flight",
-            in_flight=in_flight.active,
+            in_flight=in_flight.active + (kafka.in_flight if kafka else 0),
         )
     finally:
+        if kafka is not None:
+            # Before the app's cleanup: the Kafka requests in flight need the log open.
+            drained, cut_off = await kafka.stop(config.shutdown_timeout_s)
+            in_flight.drained += drained
+            in_flight.cut_off += cut_off
         await runner.cleanup()
     # The cleanup context ran the final commit and closed the log; what it left behind
     # says whether that commit covered everything.
@@ -195,6 +218,36 @@ async def _serve(
             final_commit="done",
         )
     return EXIT_OK
+
+
+def _bind_kafka(config: ServeConfig) -> socket.socket:
+    assert config.kafka_listener is not None
+    try:
+        return bind_kafka_socket(config.kafka_listener)
+    except OSError as exc:
+        raise ListenError(
+            f"cannot listen on {config.kafka_listener} (--kafka-listener): {exc.strerror or exc}"
+        ) from exc
+
+
+async def _start_kafka(
+    app: web.Application,
+    config: ServeConfig,
+    ssl_context: ssl.SSLContext | None,
+    auth: KafkaAuth,
+    sock: socket.socket,
+) -> KafkaListener:
+    """Serve Kafka's protocol and say where, before the HTTP "listening" line."""
+    kafka, host, port = await start_kafka_listener(
+        app[COORDINATOR], config, ssl_context, auth, sock
+    )
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    log_event(_log, "info", "kafka listening", address=address, tls=ssl_context is not None)
+    if config.log_format == "json":
+        print(json_line(_log.name, "info", "kafka listening", host=host, port=port))
+    else:
+        print(f"sharecoord kafka listener on {address}")
+    return kafka
 
 
 def _not_durable(log: StateLog | None) -> list[int]:

@@ -457,6 +457,31 @@ class ShareCoordinatorMetrics:
             "HTTP answers with a 4xx or 5xx status, by status.",
             ("status",),
         )
+        # The Kafka listener (--kafka-listener): families of their own, so that the
+        # HTTP ones keep their meaning.
+        self.kafka_requests = r.counter(
+            "sharecoord_kafka_requests_total",
+            "Requests on the Kafka listener by api (Kafka's name), version and outcome: "
+            "ok, or closed (malformed, refused before authentication, over a limit).",
+            ("api", "version", "outcome"),
+        )
+        self.kafka_latency = r.histogram(
+            "sharecoord_kafka_request_latency_seconds",
+            "Kafka listener: time from a request's last byte to its answer being written, "
+            "by api.",
+            ("api",),
+            buckets=LATENCY_BUCKETS,
+        )
+        self.kafka_connections = r.gauge(
+            "sharecoord_kafka_connections", "Open connections on the Kafka listener."
+        )
+        self.kafka_closed = r.counter(
+            "sharecoord_kafka_connections_closed_total",
+            "Kafka listener connections the daemon closed, by reason (malformed, "
+            "unsupported, unauthenticated, authentication_failed, too_large, idle, "
+            "slow_reader, shutdown).",
+            ("reason",),
+        )
 
     def track_partition(
         self,

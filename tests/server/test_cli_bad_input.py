@@ -114,6 +114,73 @@ ROWS = [
         "is a directory",
     ),
     row("serve-tls-cert-without-key", "serve --tls-cert {file}", 2, "tls_cert", "--tls-key"),
+    row("serve-kafka-listener-unparsable", "serve --kafka-listener nope", 2, "kafka_listener"),
+    row(
+        "serve-kafka-listener-bad-port",
+        "serve --kafka-listener 127.0.0.1:70000",
+        2,
+        "kafka_listener",
+        "port",
+    ),
+    row(
+        "serve-kafka-listener-in-use",
+        "serve --data-dir {dir}/k --listen 127.0.0.1:0 --kafka-listener 127.0.0.1:{silent}",
+        1,
+        "cannot listen",
+        "--kafka-listener",
+    ),
+    row(
+        "serve-scram-file-missing",
+        "serve --data-dir {dir}/s --listen 127.0.0.1:0 --scram-credentials-file {missing}",
+        2,
+        "SCRAM credentials file",
+        "cannot read",
+    ),
+    row(
+        "serve-scram-file-not-credentials",
+        "serve --data-dir {dir}/s --listen 127.0.0.1:0 --scram-credentials-file {bad_toml}",
+        2,
+        "SCRAM credentials file",
+    ),
+    # --- scram
+    row("scram-without-subcommand", "scram", 2, "sharecoord scram:", "add or remove"),
+    row(
+        "scram-add-iterations-low",
+        "scram add --file {dir}/c.json --user u --mechanism SCRAM-SHA-256 --iterations 10",
+        2,
+        "--iterations",
+        "4096",
+    ),
+    row(
+        "scram-add-unknown-mechanism",
+        "scram add --file {dir}/c.json --user u --mechanism MD5",
+        2,
+        "invalid choice",
+        "MD5",
+    ),
+    row(
+        "scram-add-no-user", "scram add --file {dir}/c.json --mechanism SCRAM-SHA-256", 2, "--user"
+    ),
+    row(
+        "scram-add-file-is-a-directory",
+        "scram add --file {dir} --user u --mechanism SCRAM-SHA-256",
+        2,
+        "is a directory",
+    ),
+    row(
+        "scram-add-file-not-credentials",
+        "scram add --file {bad_toml} --user u --mechanism SCRAM-SHA-256",
+        2,
+        "SCRAM credentials file",
+    ),
+    row(
+        "scram-add-empty-password",
+        "scram add --file {dir}/c.json --user u --mechanism SCRAM-SHA-256",
+        2,
+        "password",
+        "empty",
+    ),
+    row("scram-remove-no-such-user", "scram remove --file {missing} --user u", 2, "no such user"),
     row("serve-log-level", "serve --log-level trace", 2, "log_level", "debug"),
     row("serve-access-log-not-bool", "serve --access-log=maybe", 2, "ignored explicit argument"),
     # --- log dump / log verify
@@ -288,6 +355,7 @@ def run(r: Row, places: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
         [*head, *(a.format(**places) for a in r.args)],
         env=env,
         capture_output=True,
+        stdin=subprocess.DEVNULL,  # a password prompt must not wait for a terminal
         text=True,
         timeout=ROW_TIMEOUT_S,
         check=False,
@@ -342,6 +410,7 @@ def test_the_console_script_reports_the_same_version() -> None:
         [str(script), "--version"],
         env=child_env(),
         capture_output=True,
+        stdin=subprocess.DEVNULL,  # a password prompt must not wait for a terminal
         text=True,
         timeout=ROW_TIMEOUT_S,
         check=False,

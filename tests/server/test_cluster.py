@@ -306,3 +306,23 @@ def test_find_coordinator_answers_one_result_per_key_in_order():
 def test_format_partitions_collapses_runs():
     assert format_partitions([7, 0, 1, 2, 5, 8]) == "0-2, 5, 7-8"
     assert format_partitions([]) == ""
+
+
+# --- kafka_port: the Kafka listener of a node (docs/api.md#the-cluster-file) ---------------
+
+
+def test_kafka_port_is_optional_and_read_per_node(tmp_path):
+    path = cluster_with(tmp_path, 2, 'partitions = [0]\nkafka_port = 9092', "partitions = [1]")
+    cluster = load_cluster(path)
+    assert [n.kafka_port for n in cluster.nodes] == [9092, None]
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("0", "kafka_port must be an integer 1..65535"), ('"9092"', "kafka_port must be"),
+     ("65536", "kafka_port must be"), ("9095", "kafka_port and port are both 9095")],
+)  # fmt: skip
+def test_bad_kafka_port_is_refused(tmp_path, value, problem):
+    path = cluster_with(tmp_path, 1, f"partitions = [0]\nkafka_port = {value}")
+    with pytest.raises(ClusterError, match=problem):
+        load_cluster(path)

@@ -560,3 +560,20 @@ def test_spark_master_takes_what_spark_submit_takes(master):
 def test_spark_master_refuses_the_rest(master):
     with pytest.raises(ValueError, match=r"expected local, local\[\*\]"):
         parse_spark_master(master)
+
+
+def test_kafka_listener_is_off_by_default_and_read_from_flag_env_and_file(tmp_path):
+    assert resolved()["kafka_listener"] is None
+    assert resolved("--kafka-listener", "0.0.0.0:9092")["kafka_listener"] == "0.0.0.0:9092"
+    env = {"SHARECOORD_KAFKA_LISTENER": "[::1]:9092"}
+    assert resolved(env=env)["kafka_listener"] == "[::1]:9092"
+    file = config_file(tmp_path, 'kafka_listener = "127.0.0.1:19092"\n')
+    assert resolved(file=file)["kafka_listener"] == "127.0.0.1:19092"
+    # An empty value unsets it, as for the file settings.
+    assert resolved(env={"SHARECOORD_KAFKA_LISTENER": ""}, file=file)["kafka_listener"] is None
+
+
+@pytest.mark.parametrize("text", ["9092", "host:", "::1:9092", "h:99999"])
+def test_a_bad_kafka_listener_is_refused_naming_it(text):
+    with pytest.raises(ConfigError, match="kafka_listener"):
+        resolved("--kafka-listener", text)

@@ -248,6 +248,10 @@ def test_share_coordinator_metrics_are_all_prefixed_and_render_as_valid_lines():
     metrics.last_pruned_offset.labels(partition=4).set(100)
     metrics.load_duration.labels(partition=4).set(0.25)
     metrics.http_errors.labels(status=400).inc()
+    metrics.kafka_requests.labels(api="WriteShareGroupState", version=1, outcome="ok").inc()
+    metrics.kafka_latency.labels(api="WriteShareGroupState").observe(0.001)
+    metrics.kafka_connections.inc()
+    metrics.kafka_closed.labels(reason="idle").inc()
     text = metrics.render()
     families = re.findall(r"^# TYPE (\S+) (\S+)$", text, re.MULTILINE)
     assert all(name.startswith("sharecoord_") for name, _ in families)
@@ -271,6 +275,11 @@ def test_share_coordinator_metrics_are_all_prefixed_and_render_as_valid_lines():
         "sharecoord_last_pruned_offset": "gauge",
         "sharecoord_partition_load_duration_seconds": "gauge",
         "sharecoord_http_error_responses_total": "counter",
+        # The Kafka listener's families come after the HTTP ones, which keep their names.
+        "sharecoord_kafka_requests_total": "counter",
+        "sharecoord_kafka_request_latency_seconds": "histogram",
+        "sharecoord_kafka_connections": "gauge",
+        "sharecoord_kafka_connections_closed_total": "counter",
     }
     for line in text.splitlines():
         assert line.startswith("# ") or SAMPLE.match(line), line

@@ -1,0 +1,245 @@
+"""SASL on the Kafka listener: which mechanisms are on, the SCRAM credentials file, and
+one connection's authentication state (docs/api.md#the-kafka-listener).
+
+* ``--auth-token-file`` turns SASL/PLAIN on: the password is the bearer token, any
+  non-empty user name is taken.
+* ``--scram-credentials-file`` turns SCRAM-SHA-256 and SCRAM-SHA-512 on, for the users
+  and mechanisms the file lists.
+* Neither: the listener is open, as the HTTP API is without a token.
+
+The credentials file is JSON, written only by ``sharecoord scram add`` / ``remove``
+(atomically: a temporary file, fsync, rename, fsync of the directory), mode 0600::
+
+    {"version": 1,
+     "users": {"alice": {"SCRAM-SHA-256": {"salt": B64, "iterations": 8192,
+                                          "stored_key": B64, "server_key": B64}}}}
+
+It holds salted keys only (RFC 5802), never a password.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import os
+import secrets
+import stat
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.sasl import (
+    MAX_ITERATIONS,
+    MIN_ITERATIONS,
+    PLAIN,
+    SCRAM_MECHANISMS,
+    SaslFailed,
+    ScramCredential,
+    ScramServer,
+    check_plain,
+    derive_credential,
+)
+
+FILE_VERSION = 1
+Credentials = dict[str, dict[str, ScramCredential]]  # user -> mechanism -> credential
+
+
+class CredentialsError(ValueError):
+    """A credentials file that cannot be used; the message names it."""
+
+
+def load_credentials(path: str) -> Credentials:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as exc:
+        raise CredentialsError(
+            f"SCRAM credentials file {path}: cannot read it: {exc.strerror or exc}"
+        ) from exc
+    if not raw.strip():
+        return {}
+    try:
+        return _parse(json.loads(raw))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CredentialsError(f"SCRAM credentials file {path}: {exc}") from None
+
+
+def _b64(value: Any, what: str) -> bytes:
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except binascii.Error:
+        raise ValueError(f"{what} is not base64") from None
+
+
+def _parse(document: Any) -> Credentials:
+    if not isinstance(document, dict) or document.get("version") != FILE_VERSION:
+        raise ValueError(
+            f'not a credentials file of version {FILE_VERSION} ({{"version": 1, ...}})'
+        )
+    users = document.get("users", {})
+    if not isinstance(users, dict):
+        raise ValueError("users must be an object")
+    out: Credentials = {}
+    for user, mechanisms in users.items():
+        if not isinstance(mechanisms, dict):
+            raise ValueError(f"user {user!r}: expected an object of mechanisms")
+        for mechanism, entry in mechanisms.items():
+            where = f"user {user!r}, {mechanism}"
+            if mechanism not in SCRAM_MECHANISMS:
+                raise ValueError(f"{where}: unknown mechanism (use {', '.join(SCRAM_MECHANISMS)})")
+            if not isinstance(entry, dict):
+                raise ValueError(f"{where}: expected an object")
+            iterations = entry.get("iterations")
+            if (
+                not isinstance(iterations, int)
+                or isinstance(iterations, bool)
+                or not MIN_ITERATIONS <= iterations <= MAX_ITERATIONS
+            ):
+                raise ValueError(
+                    f"{where}: iterations must be an integer {MIN_ITERATIONS}..{MAX_ITERATIONS}"
+                )
+            out.setdefault(user, {})[mechanism] = ScramCredential(
+                _b64(entry.get("salt"), f"{where}: salt"),
+                iterations,
+                _b64(entry.get("stored_key"), f"{where}: stored_key"),
+                _b64(entry.get("server_key"), f"{where}: server_key"),
+            )
+    return out
+
+
+def dump_credentials(credentials: Credentials) -> bytes:
+    def enc(raw: bytes) -> str:
+        return base64.b64encode(raw).decode("ascii")
+
+    users = {
+        user: {
+            mechanism: {
+                "salt": enc(c.salt),
+                "iterations": c.iterations,
+                "stored_key": enc(c.stored_key),
+                "server_key": enc(c.server_key),
+            }
+            for mechanism, c in sorted(mechanisms.items())
+        }
+        for user, mechanisms in sorted(credentials.items())
+    }
+    return (json.dumps({"version": FILE_VERSION, "users": users}, indent=1) + "\n").encode()
+
+
+def write_credentials(path: str, credentials: Credentials) -> None:
+    """Replace the file atomically: readers see the old file or the new one, whole."""
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, temporary = tempfile.mkstemp(prefix=".scram-", dir=directory)
+    try:
+        os.fchmod(fd, stat.S_IRUSR | stat.S_IWUSR)
+        with os.fdopen(fd, "wb") as f:
+            f.write(dump_credentials(credentials))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+@dataclass
+class KafkaAuth:
+    """What the listener needs to authenticate clients; built once at start."""
+
+    token: bytes | None = None
+    credentials: Credentials = field(default_factory=dict)
+    scram_enabled: bool = False
+    decoy_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
+
+    @property
+    def required(self) -> bool:
+        return self.token is not None or self.scram_enabled
+
+    @property
+    def mechanisms(self) -> list[str]:
+        out = [PLAIN] if self.token is not None else []
+        return out + (list(SCRAM_MECHANISMS) if self.scram_enabled else [])
+
+    def lookup(self, user: str, mechanism: str) -> ScramCredential | None:
+        return self.credentials.get(user, {}).get(mechanism)
+
+
+class SaslSession:
+    """One connection's authentication: handshake, then one or two tokens."""
+
+    def __init__(self, auth: KafkaAuth) -> None:
+        self.auth = auth
+        self.authenticated = not auth.required
+        self.mechanism: str | None = None
+        self.user: str | None = None
+        self._scram: ScramServer | None = None
+
+    def handshake(self, mechanism: str) -> bool:
+        if mechanism not in self.auth.mechanisms:
+            return False
+        self.mechanism = mechanism
+        if mechanism != PLAIN:
+            self._scram = ScramServer(
+                mechanism, self.auth.lookup, secrets.token_urlsafe(24), self.auth.decoy_key
+            )
+        return True
+
+    def authenticate(self, token: bytes) -> bytes:
+        """The server's token; raises ``SaslFailed``. Sets ``authenticated`` when done."""
+        if self.mechanism == PLAIN:
+            assert self.auth.token is not None
+            self.user = check_plain(token, self.auth.token)
+            self.authenticated = True
+            return b""
+        scram = self._scram
+        if scram is None:
+            raise SaslFailed("SaslAuthenticate before a SaslHandshake")
+        answer = scram.step(token)
+        if scram.done:
+            self.user = scram.user
+            self.authenticated = True
+        return answer
+
+
+# --- `sharecoord scram add / remove` ------------------------------------------------------
+
+
+def _existing(path: str) -> Credentials:
+    """The file's credentials, or none when it does not exist yet."""
+    if not os.path.exists(path):
+        return {}
+    return load_credentials(path)
+
+
+def add_user(path: str, user: str, mechanism: str, password: bytes, iterations: int) -> None:
+    """Add or replace one user's credential for one mechanism (a fresh 32-byte salt)."""
+    credentials = _existing(path)
+    credential = derive_credential(mechanism, password, secrets.token_bytes(32), iterations)
+    credentials.setdefault(user, {})[mechanism] = credential
+    write_credentials(path, credentials)
+
+
+def remove_user(path: str, user: str, mechanism: str | None) -> bool:
+    """Remove a user (one mechanism, or all); whether there was anything to remove."""
+    credentials = _existing(path)
+    mechanisms = credentials.get(user)
+    if mechanisms is None or (mechanism is not None and mechanism not in mechanisms):
+        return False
+    if mechanism is None:
+        del credentials[user]
+    else:
+        del mechanisms[mechanism]
+        if not mechanisms:
+            del credentials[user]
+    write_credentials(path, credentials)
+    return True

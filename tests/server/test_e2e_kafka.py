@@ -1,0 +1,349 @@
+"""The Kafka listener end to end (docs/api.md#the-kafka-listener), driven by ``kio``, an
+implementation of Kafka's wire format independent of ours (tests/kafka_client.py).
+
+* the KIP-932 worked example gives, over Kafka's protocol, exactly the answers its file
+  expects over HTTP;
+* random RPC sequences give the same answers over both listeners of one daemon (each
+  listener on its own group, the same operations);
+* ApiVersions, FindCoordinator, pipelining, empty requests, and the requests Kafka
+  closes the connection for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.kafka_client import KafkaClient, kafka_address, message_class, schema, share_request
+from tests.server.daemons import (
+    TOPIC,
+    Api,
+    batch,
+    body,
+    init_entry,
+    metric_value,
+    part,
+    read_entry,
+    write_entry,
+)
+
+WORKED_EXAMPLE = Path(__file__).resolve().parents[1] / "data" / "kip932-worked-example.json"
+
+
+@pytest.fixture
+async def kafka(spawn, tmp_path):
+    """A daemon with a Kafka listener: (daemon, host, port)."""
+    daemon = await spawn(tmp_path / "data", "--kafka-listener", "127.0.0.1:0")
+    host, port = kafka_address(daemon.stdout_lines)
+    return daemon, host, port
+
+
+async def connect(kafka) -> KafkaClient:
+    _, host, port = kafka
+    return await KafkaClient.connect(host, port)
+
+
+async def test_kip932_worked_example_over_the_kafka_protocol(kafka):
+    example = json.loads(await asyncio.to_thread(WORKED_EXAMPLE.read_text))
+    client = await connect(kafka)
+    try:
+        for step in example["steps"]:
+            answer = await client.rpc(step["rpc"], step["request"])
+            assert answer == step["expected_response"], step["description"]
+            then = step.get("then_read")
+            if then:
+                answer = await client.rpc("read", then["request"])
+                assert answer == then["expected_response"], step["description"]
+    finally:
+        await client.close()
+
+
+def random_op(rng: random.Random, partitions: list[int]) -> tuple[str, list[dict[str, Any]]]:
+    """One random RPC over a few partitions; values reach into the edge checks."""
+    rpc = rng.choice(["initialize", "read", "write", "write", "delete", "read-summary"])
+    entries = []
+    for p in rng.sample(partitions, rng.randint(1, len(partitions))):
+        epoch = rng.randint(-2, 3)
+        if rpc == "initialize":
+            entries.append(init_entry(p, epoch, rng.choice([-1, 0, 5, 50])))
+        elif rpc in ("read", "read-summary"):
+            entries.append(read_entry(p, epoch))
+        elif rpc == "delete":
+            entries.append(part(p))
+        else:
+            first = rng.randint(-1, 60)
+            batches = [
+                batch(
+                    first,
+                    first + rng.randint(-1, 9),
+                    rng.choice([0, 1, 2, 4, 3]),
+                    rng.randint(-1, 3),
+                )
+                for _ in range(rng.randint(0, 3))
+            ]
+            entries.append(
+                write_entry(
+                    p,
+                    *batches,
+                    state_epoch=rng.randint(-1, 3),
+                    leader_epoch=epoch,
+                    start_offset=rng.choice([-1, 0, 10, 30]),
+                    delivery_complete_count=rng.choice([-1, 0, 7]),
+                )
+            )
+    return rpc, entries
+
+
+@pytest.mark.parametrize("seed", range(3))
+async def test_random_sequences_answer_the_same_over_kafka_and_http(kafka, session, seed):
+    daemon, _, _ = kafka
+    api = Api(session, daemon.url, "msgpack")
+    client = await connect(kafka)
+    rng = random.Random(seed)
+    partitions = list(range(6))
+    try:
+        for _ in range(60):
+            rpc, entries = random_op(rng, partitions)
+            over_http = await api.rpc(rpc, body(f"http-{seed}", (TOPIC, entries)))
+            over_kafka = await client.rpc(rpc, body(f"kafka-{seed}", (TOPIC, entries)))
+            assert over_kafka == over_http, (rpc, entries)
+    finally:
+        await client.close()
+
+
+async def test_every_version_of_every_rpc(kafka):
+    client = await connect(kafka)
+    g = "versions"
+    try:
+        for version in (0, 1):
+            entry = write_entry(0, batch(5, 9, 2, 1), start_offset=5, delivery_complete_count=3)
+            await client.rpc("initialize", body(g, (TOPIC, [init_entry(0)])), 0)
+            assert (await client.rpc("write", body(g, (TOPIC, [entry])), version))["results"][0][
+                "partitions"
+            ][0]["error_code"] == 0
+            summary = await client.rpc("read-summary", body(g, (TOPIC, [part(0)])), version)
+            (result,) = summary["results"][0]["partitions"]
+            # v1 of the write carries the count and v1 of the summary shows it; v0 of the
+            # summary has no such field.
+            assert result.get("delivery_complete_count", "absent") == (
+                "absent" if version == 0 else 3
+            )
+            assert result["start_offset"] == 5
+            read = await client.rpc("read", body(g, (TOPIC, [read_entry(0)])), 0)
+            assert read["results"][0]["partitions"][0]["state_batches"] == [batch(5, 9, 2, 1)]
+            assert (await client.rpc("delete", body(g, (TOPIC, [part(0)])), 0))["results"]
+    finally:
+        await client.close()
+
+
+async def test_empty_group_topics_or_partitions_get_an_empty_answer(kafka):
+    client = await connect(kafka)
+    try:
+        for request in (
+            body("", (TOPIC, [part(0)])),
+            body("g"),
+            body("g", (TOPIC, [part(0)]), (TOPIC, [])),
+        ):
+            for rpc in ("initialize", "read", "write", "delete", "read-summary"):
+                entries = request["topics"]
+                shaped = {
+                    "group_id": request["group_id"],
+                    "topics": [
+                        {
+                            "topic_id": t["topic_id"],
+                            "partitions": [_entry(rpc, 0) for _ in t["partitions"]],
+                        }
+                        for t in entries
+                    ],
+                }
+                assert await client.rpc(rpc, shaped) == {"results": []}
+    finally:
+        await client.close()
+
+
+def _entry(rpc: str, p: int) -> dict[str, Any]:
+    return {
+        "initialize": init_entry(p),
+        "read": read_entry(p),
+        "write": write_entry(p),
+        "delete": part(p),
+        "read-summary": part(p),
+    }[rpc]
+
+
+async def test_pipelined_requests_are_answered_in_order(kafka):
+    client = await connect(kafka)
+    g = "pipeline"
+    try:
+        await client.rpc("initialize", body(g, (TOPIC, [init_entry(p) for p in range(8)])))
+        requests = []
+        for i in range(20):
+            p = i % 8
+            requests.append(share_request("write", body(g, (TOPIC, [write_entry(p, batch(i, i))]))))
+            requests.append(share_request("read", body(g, (TOPIC, [read_entry(p)]))))
+        answers = await client.pipeline(requests)
+        for i in range(20):
+            read = answers[2 * i + 1].results[0].partitions[0]
+            # Each read sees the write just before it: requests run in order too.
+            assert [(b.first_offset, b.last_offset) for b in read.state_batches][-1] == (i, i)
+    finally:
+        await client.close()
+
+
+async def test_api_versions_every_version_and_one_too_new(kafka):
+    client = await connect(kafka)
+    try:
+        for version in range(5):
+            request = message_class("api_versions", version, "request")
+            fields = (
+                {"client_software_name": "t", "client_software_version": "1"}
+                if version >= 3
+                else {}
+            )
+            answer = await client.send(request(**fields))
+            keys = {a.api_key: (a.min_version, a.max_version) for a in answer.api_keys}
+            assert keys[85] == (0, 1) and keys[87] == (0, 1) and keys[10] == (0, 6)
+        # A bad software name is error 42, and the connection stays open.
+        bad = message_class("api_versions", 3, "request")(
+            client_software_name="-bad-", client_software_version="1"
+        )
+        assert int((await client.send(bad)).error_code) == 42
+        # Version 9: header v2, error 35 in a v0 body naming ApiVersions' range.
+        frame = _raw_request(18, 9, 77, b"\x00")
+        client.writer.write(frame)
+        data = await client.read_frame()
+        assert data[:4] == (77).to_bytes(4, "big")
+        answer, _ = _read(message_class("api_versions", 0, "response"), data[4:])
+        assert int(answer.error_code) == 35
+        assert [(a.api_key, a.min_version, a.max_version) for a in answer.api_keys] == [(18, 0, 4)]
+    finally:
+        await client.close()
+
+
+def _raw_request(api_key: int, version: int, correlation: int, body: bytes) -> bytes:
+    header = api_key.to_bytes(2, "big") + version.to_bytes(2, "big", signed=True)
+    header += correlation.to_bytes(4, "big") + b"\xff\xff" + b"\x00"
+    data = header + body
+    return len(data).to_bytes(4, "big") + data
+
+
+def _read(cls: Any, data: bytes) -> Any:
+    from kio.serial import entity_reader  # noqa: PLC0415
+
+    return entity_reader(cls)(data, 0)
+
+
+async def test_find_coordinator_answers_the_kafka_listener_of_this_node(kafka):
+    _, host, port = kafka
+    client = await connect(kafka)
+    key = f"g:{TOPIC}:0"
+    try:
+        fc6 = message_class("find_coordinator", 6, "request")
+        answer = await client.send(fc6(key_type=2, coordinator_keys=(key, "nonsense")))
+        good, bad = answer.coordinators
+        assert (good.key, good.node_id, good.host, good.port, int(good.error_code)) == (
+            key, 0, host, port, 0,
+        )  # fmt: skip
+        assert (bad.node_id, bad.host, bad.port, int(bad.error_code)) == (-1, "", -1, 42)
+        # A share key needs v6 (Kafka: 42); group and transaction keys are not ours (15).
+        fc5 = message_class("find_coordinator", 5, "request")
+        (old,) = (await client.send(fc5(key_type=2, coordinator_keys=(key,)))).coordinators
+        assert int(old.error_code) == 42
+        (group,) = (await client.send(fc6(key_type=0, coordinator_keys=("g",)))).coordinators
+        assert int(group.error_code) == 15
+        v0 = await client.send(message_class("find_coordinator", 0, "request")(key="g"))
+        assert int(v0.error_code) == 15
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize(
+    ("what", "frame"),
+    [
+        ("unknown api key", _raw_request(999, 0, 1, b"")),
+        ("unsupported version", _raw_request(85, 7, 1, b"\x02g\x01\x00")),
+        ("truncated body", _raw_request(85, 0, 1, b"\x05g")),
+        ("trailing bytes", _raw_request(86, 0, 1, b"\x02g\x01\x00\x00")),
+        ("size over the limit", (10**8).to_bytes(4, "big") + b"\x00" * 16),
+        ("negative size", (-5).to_bytes(4, "big", signed=True)),
+    ],
+)
+async def test_what_kafka_closes_the_connection_for(kafka, session, what, frame):
+    daemon, _, _ = kafka
+    client = await connect(kafka)
+    client.writer.write(frame)
+    assert await client.closed_by_peer(), what
+    await client.close()
+    # The daemon serves everyone else.
+    other = await connect(kafka)
+    try:
+        assert await other.rpc("read-summary", body("after", (TOPIC, [part(0)])))
+    finally:
+        await other.close()
+    text = await Api(session, daemon.url).metrics()
+    assert (
+        metric_value(text, "sharecoord_kafka_connections_closed_total", reason="malformed")
+        + (metric_value(text, "sharecoord_kafka_connections_closed_total", reason="unsupported"))
+        + metric_value(text, "sharecoord_kafka_connections_closed_total", reason="too_large")
+        >= 1
+    )
+
+
+async def test_metrics_count_kafka_requests_by_api_version_and_outcome(kafka, session):
+    daemon, _, _ = kafka
+    client = await connect(kafka)
+    try:
+        await client.rpc("initialize", body("m", (TOPIC, [init_entry(0)])))
+        await client.rpc("write", body("m", (TOPIC, [write_entry(0)])), 1)
+    finally:
+        await client.close()
+    text = await Api(session, daemon.url).metrics()
+    labels = {"api": "WriteShareGroupState", "version": "1", "outcome": "ok"}
+    assert metric_value(text, "sharecoord_kafka_requests_total", **labels) == 1
+    assert (
+        metric_value(
+            text, "sharecoord_kafka_request_latency_seconds_count", api="WriteShareGroupState"
+        )
+        == 1
+    )
+    # The HTTP families keep their meaning: these entries are counted as results only.
+    assert metric_value(text, "sharecoord_rpc_requests_total", rpc="write", outcome="ok") == 0
+    assert (
+        metric_value(text, "sharecoord_partition_results_total", rpc="write", error_code="0") == 1
+    )
+
+
+async def test_idle_and_slow_connections_are_cut(spawn, tmp_path):
+    daemon = await spawn(
+        tmp_path / "data", "--kafka-listener", "127.0.0.1:0", "--request-timeout-s", "0.5"
+    )
+    host, port = kafka_address(daemon.stdout_lines)
+    idle = await KafkaClient.connect(host, port)
+    slow = await KafkaClient.connect(host, port)
+    slow.writer.write(_raw_request(18, 0, 1, b"")[:7])  # a frame that never completes
+    assert await idle.closed_by_peer(timeout=10)
+    assert await slow.closed_by_peer(timeout=10)
+    await idle.close()
+    await slow.close()
+
+
+def test_schema_helper_knows_the_share_messages():
+    assert schema("write_share_group_state", 1, "request").PartitionData
+
+
+async def test_a_client_that_half_closes_gets_every_answer_then_eof(kafka):
+    client = await connect(kafka)
+    requests = [share_request("read-summary", body("eof", (TOPIC, [part(p)]))) for p in range(40)]
+    frames = [client.frame(r) for r in requests]
+    client.writer.write(b"".join(data for data, _ in frames))
+    client.writer.write_eof()
+    for request, (_, correlation_id) in zip(requests, frames, strict=True):
+        answer = client.decode(request, await client.read_frame(), correlation_id)
+        assert int(answer.results[0].partitions[0].error_code) == 0
+    assert await client.reader.read() == b""
+    await client.close()
