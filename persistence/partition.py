@@ -580,15 +580,21 @@ class PartitionLog:
 
     # -- pruning and compaction ----------------------------------------------------------
 
-    def prune(self, below_offset: int) -> list[str]:
+    def prune(
+        self, below_offset: int, may_delete: Callable[[SegmentState], bool] | None = None
+    ) -> list[str]:
         """Delete the sealed segments whose every offset is below `below_offset` (the
         next segment starts at or below it), oldest first, never the newest. Returns the
-        deleted paths."""
+        deleted paths. `may_delete` (the history's "is it exported yet?") can hold
+        pruning back: it stops at the first segment it refuses, so the log stays whole
+        from its start."""
         with self._lock:
             self._check_mutable()
             deleted = []
             while len(self._segments) > 1 and self._segments[1].base_offset <= below_offset:
                 segment = self._segments[0]
+                if may_delete is not None and not may_delete(segment):
+                    break
                 self._fs.unlink(segment.path)
                 deleted.append(segment.path)
                 del self._segments[0]

@@ -13,12 +13,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from persistence import DurabilityError, GroupCommitter, PartitionFailedError, pending_staged
+from persistence import (
+    DurabilityError,
+    GroupCommitter,
+    LogError,
+    PartitionFailedError,
+    SegmentInfo,
+    pending_staged,
+)
+from persistence.history import HistoryIndex
 from protocol import errors
 from protocol.messages import (
     AdminState,
@@ -40,6 +50,19 @@ from server.cluster import ClusterMap, find_coordinator
 from server.runtime import PartitionRuntime, Status
 
 _log = logging.getLogger("sharecoord.service")
+
+
+class _NoPruning(HistoryIndex):
+    """A history declaration that cannot be read: prune nothing rather than guess."""
+
+    def __init__(self) -> None:
+        pass
+
+    def holds(self, partition: int, segment: Any) -> bool:
+        return False
+
+
+_KEEP_EVERYTHING = _NoPruning()
 
 
 class ServiceError(Exception):
@@ -92,6 +115,7 @@ class CoordinatorService:
         self._track_touches = intervals.state_retention_ms > 0
         self._group_touched: dict[str, float] = {}
         self._last_pruned: dict[int, int] = {}
+        self._held_at: dict[int, str] = {}  # the segment pruning last waited for
         self._jobs: list[asyncio.Task[None]] = []
 
     # --- the five RPCs ----------------------------------------------------------------
@@ -428,6 +452,7 @@ class CoordinatorService:
         """Delete whole sealed segments below each partition's last redundant offset
         (docs/semantics.md §9, §A). Only a durable mark counts: the snapshots that make the older
         records redundant must survive a crash first."""
+        history = await self._history()
         for state_partition, runtime in sorted(self.runtimes.items()):
             if runtime.status is not Status.ACTIVE:
                 continue
@@ -445,10 +470,13 @@ class CoordinatorService:
                 continue
             if mark >= log.durable_end_offset:
                 continue
+            may_delete = None if history is None else partial(history.holds, state_partition)
             try:
-                deleted = await asyncio.to_thread(log.prune, mark)
+                deleted = await asyncio.to_thread(log.prune, mark, may_delete)
             except PartitionFailedError:
                 continue  # its last commit just failed; the reload comes first
+            if history is not None and self._held_back(state_partition, log.segments, mark):
+                continue  # not done with this mark: the next round tries again
             self._last_pruned[state_partition] = mark
             if self._on_pruned is not None:
                 self._on_pruned(state_partition, mark)
@@ -459,6 +487,40 @@ class CoordinatorService:
                     len(deleted),
                     mark,
                 )
+
+    # --- pruning and the history (persistence/history.py) ------------------------------
+
+    async def _history(self) -> HistoryIndex | None:
+        """The data directory's history, if it keeps one: then only segments already
+        exported to it may be pruned. The daemon has no Parquet writer; the compaction
+        job exports (docs/design.md#the-history). Read every round, so a history
+        declared or dropped by `sharecoord compact` counts without a restart."""
+        if not self.runtimes:
+            return None
+        some_partition = next(iter(self.runtimes.values())).log.partition_dir
+        data_dir = os.path.dirname(os.path.dirname(some_partition))
+        try:
+            return await asyncio.to_thread(HistoryIndex.load, data_dir)
+        except LogError as exc:
+            _log.warning("pruning skipped: %s", exc)
+            return _KEEP_EVERYTHING
+
+    def _held_back(self, state_partition: int, segments: list[SegmentInfo], mark: int) -> bool:
+        """Whether a segment below the mark stayed because the history lacks it; said
+        once per segment."""
+        if len(segments) < 2 or segments[1].base_offset > mark:
+            self._held_at.pop(state_partition, None)
+            return False
+        held = os.path.basename(segments[0].path)
+        if self._held_at.get(state_partition) != held:
+            self._held_at[state_partition] = held
+            _log.info(
+                "state partition %d: pruning held back at segment %s: the history does not "
+                "hold it yet (sharecoord compact exports it)",
+                state_partition,
+                held,
+            )
+        return True
 
     async def cold_snapshots_once(self) -> int:
         """docs/semantics.md §10 on every active partition; returns how many snapshots
