@@ -400,6 +400,38 @@ def read_partition(
         yield from _journal_records(journal, partition, last_offset, from_offset)
 
 
+def read_newest_open(
+    partition_dir: str,
+    segment: SegmentInfo,
+    fd: int,
+    *,
+    after_offset: int = -1,
+    from_offset: int = 0,
+    fs: FileOps | None = None,
+) -> Iterator[LogRecord]:
+    """``read_partition``'s newest segment, read through a descriptor the caller opened
+    (so a reader that opened every segment first reads what it listed, whatever a prune
+    or swap does meanwhile), then the partition's records still only in the journal.
+    `after_offset` is the last offset of the segment before it (-1: none)."""
+    partition_dir = os.fspath(partition_dir)
+    fs = fs or _DEFAULT_FS
+    partitions_dir, partition_name = os.path.split(os.path.normpath(partition_dir))
+    journal = None
+    if partition_name.isdigit() and os.path.basename(partitions_dir) == "partitions":
+        journal = JournalView.load(os.path.dirname(partitions_dir), fs)
+    partition = int(partition_name) if journal is not None else -1
+    stream = FrameStream(fs, fd, min_offset=max(segment.base_offset, after_offset + 1))
+    unsynced_from = (
+        journal.unsynced_from(partition, segment.base_offset) if journal is not None else None
+    )
+    last_offset = after_offset
+    for record in iter_stream(stream, segment.path, from_offset, True, unsynced_from):
+        last_offset = record.offset
+        yield record
+    if journal is not None:
+        yield from _journal_records(journal, partition, last_offset, from_offset)
+
+
 def _journal_records(
     journal: JournalView, partition: int, last_offset: int, from_offset: int
 ) -> Iterator[LogRecord]:

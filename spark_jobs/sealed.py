@@ -42,12 +42,24 @@ class SealedSegment(NamedTuple):
 
 
 def read_sealed_segment(
-    path: str, base_offset: int, *, after_offset: int = -1, below_offset: int | None = None
+    path: str,
+    base_offset: int,
+    *,
+    after_offset: int = -1,
+    below_offset: int | None = None,
+    fd: int | None = None,
 ) -> SealedSegment:
     """Every record of a sealed segment, verified; raises LogCorruptionError at the
-    first bad frame (as persistence's reader reports it)."""
-    with open(path, "rb") as segment_file:
-        buf = segment_file.read()
+    first bad frame (as persistence's reader reports it). With `fd`, the segment is
+    read through that descriptor (which stays open): the file the caller opened, even
+    if a prune or swap took its name away since."""
+    if fd is None:
+        with open(path, "rb") as segment_file:
+            buf = segment_file.read()
+    else:
+        with open(fd, "rb", closefd=False) as segment_file:
+            segment_file.seek(0)
+            buf = segment_file.read()
     records = _walk(buf, max(base_offset, after_offset + 1), below_offset)
     if records is None:
         _raise_damage(path, base_offset, after_offset, below_offset)
