@@ -267,7 +267,16 @@ def decode_update_value(value: bytes) -> UpdateValue:
 
 
 def decode_snapshot(key: ShareKey, value: bytes) -> ShareSnapshot:
-    v = decode_snapshot_value(value)
+    return snapshot_from_value(key, decode_snapshot_value(value))
+
+
+def decode_update(key: ShareKey, value: bytes) -> ShareUpdate:
+    return update_from_value(key, decode_update_value(value))
+
+
+def snapshot_from_value(key: ShareKey, v: SnapshotValue) -> ShareSnapshot:
+    """The record a decoded value stands for (values decoded in bulk, as the compaction
+    job decodes them, become records here)."""
     return ShareSnapshot(
         key,
         v.snapshot_epoch,
@@ -283,8 +292,7 @@ def decode_snapshot(key: ShareKey, value: bytes) -> ShareSnapshot:
     )
 
 
-def decode_update(key: ShareKey, value: bytes) -> ShareUpdate:
-    v = decode_update_value(value)
+def update_from_value(key: ShareKey, v: UpdateValue) -> ShareUpdate:
     return ShareUpdate(
         key,
         v.snapshot_epoch,

@@ -30,6 +30,7 @@ from server.config import (
     load_settings,
 )
 from spark_jobs import submit
+from spark_jobs.preflight import anything_to_compact, checkpoint_problem, history_problem
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -272,8 +273,20 @@ def run_compact(args: argparse.Namespace) -> int:
     values = load_settings(COMPACT_SETTINGS, args)
     data_dir = _checked_data_dir(values["data_dir"])
     _check_spark("compact")
+    history_dir = values["history_dir"]
+    problem = history_problem(data_dir, history_dir, values["history_retention_ms"])
+    _refuse(problem)
+    if not anything_to_compact(data_dir):
+        # No JVM for nothing: the one line an operator needs.
+        print(f"nothing to compact: no sealed segments (segments roll at "
+              f"{values['segment_bytes']} bytes)")  # fmt: skip
+        return 0
     job_args = ["--data-dir", data_dir]
     job_args += ["--tombstone-retention-ms", str(values["tombstone_retention_ms"])]
+    job_args += ["--history-retention-ms", str(values["history_retention_ms"])]
+    job_args += ["--segment-bytes", str(values["segment_bytes"])]
+    if history_dir is not None:
+        job_args += ["--history-dir", os.path.abspath(history_dir)]
     return submit.run_job("compact", values["master"], job_args)
 
 
@@ -284,8 +297,11 @@ def run_audit(args: argparse.Namespace) -> int:
     _check_spark("audit")
     # Last, as it makes the directory: only once nothing else stands in the way.
     _refuse(preflight.writable_directory(out, "--out"))
+    _refuse(checkpoint_problem(out, data_dir, values["delivery_limit"], values["since_last"]))
     job_args = ["--data-dir", data_dir, "--out", out]
     job_args += ["--delivery-limit", str(values["delivery_limit"])]
+    if values["since_last"]:
+        job_args.append("--since-last")
     return submit.run_job("audit", values["master"], job_args)
 
 

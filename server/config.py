@@ -28,7 +28,7 @@ import re
 import sys
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from protocol.shard import MAX_RECORDS_PER_SNAPSHOT
@@ -498,6 +498,22 @@ _MASTER = Setting(
     metavar="URL",
 )
 
+def _retention(value: Any) -> None:
+    if value < -1:
+        raise ValueError("must be -1 (forever), 0 (keep no history) or more")
+
+
+_HISTORY_DIR = Setting(
+    "history_dir",
+    None,
+    "Where compaction keeps the history of the records it folds away (Parquet, by state "
+    "partition and day); a relative path is inside --data-dir. Default: DATA/history. "
+    "An empty value means the default.",
+    parse_optional_path,
+    _anything,
+    metavar="DIR",
+)
+
 COMPACT_SETTINGS: tuple[Setting, ...] = (
     _DATA_DIR,
     _MASTER,
@@ -507,6 +523,20 @@ COMPACT_SETTINGS: tuple[Setting, ...] = (
         "Compaction drops a key whose latest record is a tombstone older than this.",
         at_least(0),
         kafka_name="delete.retention.ms",
+    ),
+    _HISTORY_DIR,
+    _int(
+        "history_retention_ms",
+        7 * 86_400_000,
+        "How long the history keeps a day of records: -1 forever; 0 keeps no history at "
+        "all (compaction and pruning then fold records away for good, and the audit sees "
+        "only what is left).",
+        _retention,
+        kafka_name="retention.ms",
+    ),
+    replace(
+        next(s for s in SERVE_SETTINGS if s.name == "segment_bytes"),
+        doc="The daemon's segment_bytes: only said when nothing is sealed yet.",
     ),
 )
 
@@ -528,6 +558,14 @@ AUDIT_SETTINGS: tuple[Setting, ...] = (
         kafka_name="group.share.delivery.count.limit",
     ),
     _MASTER,
+    Setting(
+        "since_last",
+        False,
+        "Audit only the records written since the last audit into --out (its checkpoint "
+        "carries the state they need); the first run audits everything.",
+        parse_bool,
+        _anything,
+    ),
 )
 
 LOG_DUMP_SETTINGS: tuple[Setting, ...] = (

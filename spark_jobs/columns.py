@@ -286,7 +286,7 @@ def _batches(size: int, decoded: DecodedValues) -> pa.Array:
 
 def rows_as_records(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
     """The rows as plain dicts (timestamps back to ms): for tests and small reports."""
-    rows = table.to_pylist()
+    rows: list[dict[str, Any]] = table.to_pylist()
     for row in rows:
         row["timestamp"] = int(row["timestamp"].timestamp() * 1000)
     return rows

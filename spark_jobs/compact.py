@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from persistence import (
+    DEFAULT_SEGMENT_BYTES,
     LogError,
     LogLockedError,
+    SegmentInfo,
     StateLog,
     commit_staged,
     list_segments,
@@ -45,9 +47,28 @@ from persistence import (
     read_meta,
     write_staged,
 )
-from protocol.records import RecordDecodeError
+from persistence.history import (
+    DEFAULT_RETENTION_MS,
+    HistoryConfig,
+    SegmentExport,
+    expire,
+    fingerprint,
+    read_declaration,
+    read_exports,
+    remove_declaration,
+    resolve_dir,
+    watermark,
+    write_declaration,
+    write_marker,
+)
+from persistence.segments import segment_name
+from persistence.staging import SegmentFingerprint
+from protocol.records import RecordDecodeError, RecordDecoder
+from spark_jobs.columns import DecodedValues, Value, decode_values
 from spark_jobs.fold import encode_frames, fold_records
-from spark_jobs.sealed import read_sealed_segments
+from spark_jobs.history import SegmentRecords, export_segment
+from spark_jobs.preflight import anything_to_compact
+from spark_jobs.sealed import RawRecord, read_sealed_segment
 from spark_jobs.session import Progress, spark_session, task_count
 
 if TYPE_CHECKING:
@@ -58,12 +79,14 @@ DEFAULT_TOMBSTONE_RETENTION_MS = 86_400_000
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
+EXIT_USAGE = 2
 
 COMMITTED_SELF = "committed: self"
 STAGED_FOR_DAEMON = "staged: the running daemon commits it"
 
 
 NO_SEALED_SEGMENT = "no sealed segment"
+NOTHING_SEALED = "nothing to compact: no sealed segments"
 NOTHING_TO_GAIN = "already compacted: nothing to gain"
 ROUTINE_SKIPS = ("", NO_SEALED_SEGMENT, NOTHING_TO_GAIN)
 
@@ -83,6 +106,8 @@ class PartitionCompaction:
     records_after: int = 0
     keys: int = 0
     tombstones_dropped: int = 0
+    exported_segments: int = 0  # segments written to the history by this run
+    exported_records: int = 0
 
 
 @dataclass
@@ -97,13 +122,14 @@ class CommitResult:
 
 
 def compact_partition(
-    data_dir: str, partition: int, tombstone_cutoff_ms: int
+    data_dir: str, partition: int, tombstone_cutoff_ms: int, history_root: str | None = None
 ) -> PartitionCompaction:
-    """Fold and stage one state partition's sealed segments; never raises for the log's
-    own problems (they come back as a "failed" result)."""
+    """Export to the history (if `history_root`), fold and stage one state partition's
+    sealed segments; never raises for the log's own problems (they come back as a
+    "failed" result)."""
     directory = partition_dir(data_dir, partition)
     try:
-        return _compact(directory, partition, tombstone_cutoff_ms)
+        return _compact(directory, partition, tombstone_cutoff_ms, history_root)
     except FileNotFoundError as exc:
         # A prune or an earlier compaction's swap replaced a segment while it was read.
         return PartitionCompaction(
@@ -113,7 +139,9 @@ def compact_partition(
         return PartitionCompaction(partition, "failed", f"{type(exc).__name__}: {exc}")
 
 
-def _compact(directory: str, partition: int, tombstone_cutoff_ms: int) -> PartitionCompaction:
+def _compact(
+    directory: str, partition: int, tombstone_cutoff_ms: int, history_root: str | None
+) -> PartitionCompaction:
     segments = list_segments(directory)
     if any(not s.path.endswith(".log") for s in segments):
         return PartitionCompaction(
@@ -127,26 +155,102 @@ def _compact(directory: str, partition: int, tombstone_cutoff_ms: int) -> Partit
         return PartitionCompaction(
             partition, "skipped", f"output is already staged at base {base}, waiting to commit"
         )
-    records, fingerprints = read_sealed_segments(segments)
-    folded = fold_records(records, tombstone_cutoff_ms=tombstone_cutoff_ms)
+    read = _read_sealed(segments)
+    records: list[RawRecord] = [r for segment in read for r in segment.records]
+    values: list[Value] = [v for segment in read for v in segment.decoded.values]
+    result = PartitionCompaction(partition, "staged", base=base, segments_before=len(sealed))
+    if history_root is not None:
+        # Before anything is staged: the swap may only ever delete what the history has.
+        _export(history_root, partition, read, result)
+    folded = fold_records(records, tombstone_cutoff_ms=tombstone_cutoff_ms, values=values)
     frames = encode_frames(folded.records)
-    result = PartitionCompaction(
-        partition,
-        "staged",
-        base=base,
-        segments_before=len(sealed),
-        bytes_before=sum(f.size for f in fingerprints),
-        bytes_after=sum(len(frame) for frame in frames),
-        records_before=len(records),
-        records_after=len(frames),
-        keys=folded.keys,
-        tombstones_dropped=folded.tombstones_dropped,
-    )
+    result.bytes_before = sum(s.size for s in read)
+    result.bytes_after = sum(len(frame) for frame in frames)
+    result.records_before = len(records)
+    result.records_after = len(frames)
+    result.keys = folded.keys
+    result.tombstones_dropped = folded.tombstones_dropped
     if len(sealed) == 1 and result.bytes_after >= result.bytes_before:
         result.status, result.reason = "skipped", NOTHING_TO_GAIN
         return result
+    fingerprints = [s.fingerprint for s in read]
     write_staged(directory, base, frames, fingerprints)
+    if history_root is not None and frames:
+        # The output holds offsets below the watermark only (it stands for records
+        # exported above): its marker takes no records, and lets a prune delete it.
+        last = frames[-1]
+        write_marker(
+            history_root,
+            SegmentExport(
+                partition=partition,
+                segment=fingerprint(
+                    segment_name(base), result.bytes_after, int.from_bytes(last[4:8], "big")
+                ),
+                first_offset=folded.records[0][0],
+                last_offset=folded.records[-1][0],
+                records=0,
+                exported_at=time.time_ns() // 1_000_000,
+            ),
+        )
     return result
+
+
+@dataclass
+class _SealedRead:
+    """One sealed segment as read for compaction."""
+
+    name: str
+    fingerprint: SegmentFingerprint
+    records: list[RawRecord]
+    decoded: DecodedValues
+
+    @property
+    def size(self) -> int:
+        return self.fingerprint.size
+
+
+def _read_sealed(segments: Sequence[SegmentInfo]) -> list[_SealedRead]:
+    """Every sealed segment (all but the newest), verified and decoded."""
+    out = []
+    last_offset = -1
+    for index, segment in enumerate(segments[:-1]):
+        read = read_sealed_segment(
+            segment.path,
+            segment.base_offset,
+            after_offset=last_offset,
+            below_offset=segments[index + 1].base_offset,
+        )
+        name = os.path.basename(segment.path)
+        out.append(_SealedRead(name, read.fingerprint, read.records, decode_values(read.records)))
+        if read.last_offset is not None:
+            last_offset = read.last_offset
+    return out
+
+
+def _export(
+    root: str, partition: int, read: list[_SealedRead], result: PartitionCompaction
+) -> None:
+    """Write every sealed segment the history lacks (records at or above the watermark),
+    oldest first, each finished by its marker."""
+    exports = read_exports(root, partition)
+    done = {e.segment for e in exports}
+    high = watermark(exports)
+    decoder = RecordDecoder()
+    for segment in read:
+        fp = segment.fingerprint
+        name = fingerprint(segment.name, fp.size, fp.last_frame_crc)
+        if name in done:
+            continue
+        export = export_segment(
+            root,
+            partition,
+            SegmentRecords(segment.name, name, segment.records, segment.decoded),
+            high,
+            decoder,
+        )
+        high = max(high, export.covered_end)
+        result.exported_segments += 1
+        result.exported_records += export.records
 
 
 def commit_partition(data_dir: str, partition: int) -> CommitResult:
@@ -166,20 +270,35 @@ def commit_partition(data_dir: str, partition: int) -> CommitResult:
 
 
 def run_compaction(
-    spark: SparkSession, data_dir: str, tombstone_retention_ms: int, out: Progress | None = None
+    spark: SparkSession,
+    data_dir: str,
+    tombstone_retention_ms: int,
+    out: Progress | None = None,
+    history: HistoryConfig | None = None,
 ) -> int:
-    """The whole job on an existing session: stage, commit if DATA/LOCK is free, print
-    the outcome and the summary line. Returns the exit code."""
+    """The whole job on an existing session: export, stage, commit if DATA/LOCK is free,
+    expire old history, print the outcome and the summary line. Returns the exit code.
+    `history` None keeps no history (and drops the data directory's declaration)."""
     started = time.monotonic()
     data_dir = os.path.abspath(data_dir)
     num_partitions = int(read_meta(data_dir)["num_partitions"])
     cutoff = time.time_ns() // 1_000_000 - tombstone_retention_ms
+    history_root = None if history is None else history.root
+    if history is None:
+        remove_declaration(data_dir)
+    else:
+        # Declared before the first export: from now on the daemon prunes only what the
+        # history holds.
+        write_declaration(data_dir, history)
     sc = spark.sparkContext
     with out or Progress(sc, "compact") as progress:
-        progress.describe(f"fold the sealed segments of {num_partitions} state partitions")
+        progress.describe(
+            f"fold the sealed segments of {num_partitions} state partitions"
+            + ("" if history is None else ", exporting them to the history first")
+        )
         results: list[PartitionCompaction] = (
             sc.parallelize(range(num_partitions), task_count(sc, num_partitions))
-            .map(lambda p: compact_partition(data_dir, p, cutoff))
+            .map(lambda p: compact_partition(data_dir, p, cutoff, history_root))
             .collect()
         )
         for result in results:
@@ -193,8 +312,16 @@ def run_compaction(
             print(f"partition {commit.partition}: commit failed: {commit.error}")
         for base in commit.stale:
             print(f"partition {commit.partition}: output staged at {base} was stale: deleted")
-    print(COMMITTED_SELF if commits is not None else STAGED_FOR_DAEMON)
-    print(summary_line(results, time.monotonic() - started))
+    if history is not None:
+        now = time.time_ns() // 1_000_000
+        expired = expire(history.root, range(num_partitions), now, history.retention_ms)
+        if expired.days:
+            print(f"history: expired {len(expired.days)} partition-days older than the retention")
+    if all(r.reason == NO_SEALED_SEGMENT for r in results) and not commits:
+        print(NOTHING_SEALED)
+    else:
+        print(COMMITTED_SELF if commits is not None else STAGED_FOR_DAEMON)
+    print(summary_line(results, time.monotonic() - started, history))
     sys.stdout.flush()
     return EXIT_FAILURE if failures else EXIT_OK
 
@@ -223,10 +350,19 @@ def _commit_if_lock_is_free(
         return commits
 
 
-def summary_line(results: Sequence[PartitionCompaction], seconds: float) -> str:
+def summary_line(
+    results: Sequence[PartitionCompaction], seconds: float, history: HistoryConfig | None = None
+) -> str:
     staged = [r for r in results if r.status == "staged"]
     skipped = sum(r.status == "skipped" for r in results)
     failed = sum(r.status == "failed" for r in results)
+    if history is None:
+        kept = "history: none kept"
+    else:
+        kept = (
+            f"history: {sum(r.exported_records for r in results)} records of "
+            f"{sum(r.exported_segments for r in results)} segments exported to {history.root}"
+        )
     return (
         f"compaction: {len(staged)} of {len(results)} partitions compacted "
         f"({skipped} skipped, {failed} failed); "
@@ -236,8 +372,28 @@ def summary_line(results: Sequence[PartitionCompaction], seconds: float) -> str:
         f"{sum(r.records_after for r in staged)}; "
         f"keys {sum(r.keys for r in staged)}; "
         f"tombstones dropped {sum(r.tombstones_dropped for r in staged)}; "
-        f"{seconds:.1f} s"
+        f"{kept}; {seconds:.1f} s"
     )
+
+
+def history_config(
+    data_dir: str, history_dir: str | None, retention_ms: int
+) -> HistoryConfig | None:
+    """The history the job keeps: None if `retention_ms` is 0. A data directory that
+    already declares a history elsewhere is refused (ValueError): its history would be
+    split in two."""
+    if retention_ms == 0:
+        return None
+    root = resolve_dir(data_dir, history_dir)
+    declared = read_declaration(data_dir)
+    if declared is not None and history_dir is not None and declared.root != root:
+        raise ValueError(
+            f"{data_dir} keeps its history at {declared.root}, not {root}: move that "
+            f"directory and remove {data_dir}/history.json first"
+        )
+    if declared is not None and history_dir is None:
+        root = declared.root
+    return HistoryConfig(root, retention_ms)
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
@@ -246,15 +402,29 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--tombstone-retention-ms", type=int, default=DEFAULT_TOMBSTONE_RETENTION_MS
     )
+    parser.add_argument("--history-dir", default=None)
+    parser.add_argument("--history-retention-ms", type=int, default=DEFAULT_RETENTION_MS)
+    parser.add_argument("--segment-bytes", type=int, default=DEFAULT_SEGMENT_BYTES)
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        history = history_config(args.data_dir, args.history_dir, args.history_retention_ms)
+    except ValueError as exc:
+        print(f"compact: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    if not anything_to_compact(args.data_dir):
+        # Said before a Spark session starts: there is nothing for it to do.
+        print(f"{NOTHING_SEALED} (segments roll at {args.segment_bytes} bytes)")
+        return EXIT_OK
     own_session = spark is None
     spark = spark or spark_session("sharecoord-compact")
     try:
-        return run_compaction(spark, args.data_dir, args.tombstone_retention_ms)
+        return run_compaction(
+            spark, args.data_dir, args.tombstone_retention_ms, history=history
+        )
     finally:
         if own_session:
             spark.stop()

@@ -55,7 +55,7 @@ class ShareLogDataSource(DataSource):
         return ShareLogReader(dict(self.options))
 
 
-class _Pieces(InputPartition):  # type: ignore[misc]
+class _Pieces(InputPartition):
     """What one Spark task reads: a few pieces (logsource.Piece), in order."""
 
     def __init__(self, pieces: list[Piece]) -> None:

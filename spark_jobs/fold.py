@@ -11,9 +11,11 @@ Two phases per key, in one pass over the records in offset order:
 1. Light: a snapshot replaces a key's whole state, so the records of a key before its
    last snapshot matter only for the fencing maxima (docs/semantics.md §2, §4: leaderEpochMap is the
    highest leader epoch of any record, stateEpochMap the highest state epoch of any
-   snapshot, both raised by the fence fields of §A). They are decoded just enough to
-   take those maxima, with the replay's own rules — and checked as the record decoder
-   checks them, so a log the daemon cannot load is never "repaired" by compaction.
+   snapshot, both raised by the fence fields of §A). Only those fields of their values
+   are looked at, with the replay's own rules. Every value was decoded in bulk
+   beforehand (spark_jobs/columns.py: the history export needs them all, and one
+   msgspec call per segment costs less than one per record) and checked as the record
+   decoder checks it, so a log the daemon cannot load is never "repaired" by compaction.
 2. Full: the key's last snapshot and the updates after it are replayed through
    ShareStateMap onto an entry holding those fences, exactly as the daemon's replay
    reaches them; the folded snapshot is the resulting state verbatim, at the offset and
@@ -38,7 +40,7 @@ A tombstone clears everything a key had (docs/semantics.md §4), so nothing befo
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,12 +48,15 @@ from persistence.frame import encode_frame
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
     UPDATE_RECORD_TYPE,
-    RecordDecodeError,
+    Record,
     RecordDecoder,
     ShareSnapshot,
-    decode_snapshot_value,
-    decode_update_value,
+    ShareTombstone,
+    SnapshotValue,
+    UpdateValue,
     encode_value,
+    snapshot_from_value,
+    update_from_value,
 )
 
 # max_epoch and max_optional_epoch are the replay's own rules for the fence fields: the
@@ -63,6 +68,7 @@ from protocol.replay import (
     max_epoch,
     max_optional_epoch,
 )
+from spark_jobs.columns import Value, decode_values
 from spark_jobs.sealed import RawRecord
 
 # The replay's snapshot-update counter is bookkeeping the fold does not keep (docs/semantics.md §A.1
@@ -89,51 +95,57 @@ class FoldResult:
 
 class _KeyHistory:
     """What the light phase keeps per key: the fences of everything before the tail,
-    and the tail (the key's last snapshot or tombstone and the records after it)."""
+    and the tail (the indices of the key's last snapshot or tombstone and the records
+    after it)."""
 
     __slots__ = ("leader_fence", "present", "state_fence", "tail")
 
-    def __init__(self, first: RawRecord) -> None:
+    def __init__(self, first: int) -> None:
         self.present = False  # whether the key has state before the tail
         self.leader_fence: Any = None
         self.state_fence: Any = None
-        self.tail: list[RawRecord] = [first]
+        self.tail: list[int] = [first]
 
 
-def fold_records(records: Iterable[RawRecord], *, tombstone_cutoff_ms: int) -> FoldResult:
+def fold_records(
+    records: Sequence[RawRecord],
+    *,
+    tombstone_cutoff_ms: int,
+    values: Sequence[Value] | None = None,
+) -> FoldResult:
     """Fold `records` (one state partition's, in offset order, from the start of its log)
     into one record per live key; tombstones with a timestamp below
-    `tombstone_cutoff_ms` are dropped with their key. Raises RecordDecodeError (or the
-    replay's TypeError/ValueError) for a record the daemon could not load."""
+    `tombstone_cutoff_ms` are dropped with their key. `values` are the records' decoded
+    values (decoded here if not given). Raises RecordDecodeError (or the replay's
+    TypeError/ValueError) for a record the daemon could not load."""
+    if values is None:
+        values = decode_values(records).values
     histories: dict[bytes, _KeyHistory] = {}
     get = histories.get
-    for record in records:
+    for index, record in enumerate(records):
         history = get(record[3])
         if history is None:
-            histories[record[3]] = _KeyHistory(record)
+            histories[record[3]] = _KeyHistory(index)
         elif record[2] == UPDATE_RECORD_TYPE:
-            history.tail.append(record)
+            history.tail.append(index)
         else:  # a snapshot or a tombstone replaces the state: the tail so far retires
-            _retire_tail(history)
-            history.tail = [record]
-    return _fold_tails(histories, tombstone_cutoff_ms)
+            _retire_tail(history, values)
+            history.tail = [index]
+    return _fold_tails(records, values, histories, tombstone_cutoff_ms)
 
 
-def _retire_tail(history: _KeyHistory) -> None:
+def _retire_tail(history: _KeyHistory, values: Sequence[Value]) -> None:
     """Phase 1: replay the tail's effect on the fences, and nothing else. The rules are
     ShareStateMap's (docs/semantics.md §4, §A), restated with its own helpers for the fence
     fields."""
     present, leader, state = history.present, history.leader_fence, history.state_fence
-    for record in history.tail:
-        record_type, value = record[2], record[4]
-        if record_type == SNAPSHOT_RECORD_TYPE:
-            if value is None:  # a tombstone clears the key
-                present, leader, state = False, None, None
-                continue
-            snapshot = decode_snapshot_value(value)
-            _check_batches(snapshot.state_batches)
-            leader_epoch, fence_leader = snapshot.leader_epoch, snapshot.fence_leader_epoch
-            state_epoch, fence_state = snapshot.state_epoch, snapshot.fence_state_epoch
+    for index in history.tail:
+        value = values[index]
+        if value is None:  # a tombstone clears the key
+            present, leader, state = False, None, None
+        elif type(value) is SnapshotValue:
+            leader_epoch, fence_leader = value.leader_epoch, value.fence_leader_epoch
+            state_epoch, fence_state = value.state_epoch, value.fence_state_epoch
             if present:
                 leader = max_optional_epoch(leader, leader_epoch, fence_leader)
                 state = max_optional_epoch(state, state_epoch, fence_state)
@@ -141,28 +153,30 @@ def _retire_tail(history: _KeyHistory) -> None:
                 leader = max_epoch(leader_epoch, fence_leader)
                 state = max_epoch(state_epoch, fence_state)
                 present = True
-        elif record_type == UPDATE_RECORD_TYPE:
-            if value is None:
-                raise RecordDecodeError("a ShareUpdate record has a null value")
-            update = decode_update_value(value)
-            _check_batches(update.state_batches)
-            leader_epoch = update.leader_epoch
+        else:
+            leader_epoch = value.leader_epoch
             if present:
                 leader = max(leader, leader_epoch)
             else:
                 present, leader, state = True, leader_epoch, None
-        else:
-            raise RecordDecodeError(f"unknown record type {record_type}")
     history.present, history.leader_fence, history.state_fence = present, leader, state
 
 
-def _check_batches(flat: list[int]) -> None:
-    """What decoding the record in full would also refuse (``unflatten``)."""
-    if len(flat) % 4:
-        raise RecordDecodeError("state_batches is not a flat array of 4-tuples")
+def _record(key: Any, value: Value) -> Record:
+    if value is None:
+        return ShareTombstone(key)
+    if type(value) is UpdateValue:
+        return update_from_value(key, value)
+    assert type(value) is SnapshotValue
+    return snapshot_from_value(key, value)
 
 
-def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -> FoldResult:
+def _fold_tails(
+    records: Sequence[RawRecord],
+    values: Sequence[Value],
+    histories: dict[bytes, _KeyHistory],
+    tombstone_cutoff_ms: int,
+) -> FoldResult:
     """Phase 2: replay each key's tail and emit what stands for it."""
     result = FoldResult()
     decoder = RecordDecoder()
@@ -170,7 +184,7 @@ def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -
     out = result.records
     for key, history in histories.items():
         share_key = decoder.decode_key(key)
-        tail = history.tail
+        tail = [records[i] for i in history.tail]
         head = tail[0]
         if history.present:
             # The tail replays onto the key as the records before it left it: its
@@ -178,8 +192,8 @@ def _fold_tails(histories: dict[bytes, _KeyHistory], tombstone_cutoff_ms: int) -
             state_map.keys[share_key] = KeyState(
                 _PLACEHOLDER, history.leader_fence, history.state_fence
             )
-        # Every record of the tail is decoded and replayed, so checked as loading checks it.
-        decoded = [decoder.decode(record_type, key, value) for _, _, record_type, _, value in tail]
+        # Every record of the tail is replayed, so checked as loading checks it.
+        decoded = [_record(share_key, values[i]) for i in history.tail]
         for (offset, *_), record in zip(tail, decoded, strict=True):
             state_map.replay(offset, record)
         if type(decoded[0]) is ShareSnapshot:

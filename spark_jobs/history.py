@@ -36,9 +36,9 @@ from spark_jobs.columns import (
     HISTORY_SCHEMA,
     SOURCE_SCHEMA,
     DecodedValues,
-    RawRecord,
     record_batch,
 )
+from spark_jobs.sealed import RawRecord
 
 # Small row groups would make a day's file slow to scan; one segment is at most
 # segment_bytes (100 MiB by default) of frames, so a row group per file is plenty.

@@ -37,7 +37,8 @@ from persistence.history import (
 )
 from persistence.segments import SegmentInfo, read_newest_open
 from protocol.records import RecordDecoder
-from spark_jobs.columns import RawRecord, decode_values, record_batch
+from spark_jobs.columns import decode_values, record_batch
+from spark_jobs.sealed import RawRecord
 from spark_jobs.history import read_export
 from spark_jobs.sealed import read_sealed_segment
 

@@ -55,6 +55,12 @@ def run_job(job: str, master: str, job_args: Sequence[str], out: TextIO | None =
         except FileNotFoundError as exc:
             print(f"sharecoord {job}: {exc}", file=sys.stderr)
             return EXIT_FAILURE
+        if not master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+            print(
+                f"sharecoord {job}: PYSPARK_PYTHON is not set: the executors run their "
+                "python3, which needs msgpack, msgspec and pyarrow (docs/operations.md)",
+                file=sys.stderr,
+            )
         with subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -127,10 +133,12 @@ def _package_dir(package: str) -> str:
 
 def job_environment(master: str) -> dict[str, str]:
     env = dict(os.environ)
+    # The driver runs here whatever the master (client mode): with this interpreter,
+    # which has the project's dependencies, not whichever python3 is first on PATH.
+    env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     if master.startswith("local"):
         # Driver and executors must share a Python minor version: make both this one.
         env["PYSPARK_PYTHON"] = sys.executable
-        env["PYSPARK_DRIVER_PYTHON"] = sys.executable
         # Everything runs on this machine: bind to loopback (and skip the JVM's warning
         # about the hostname resolving to it).
         env.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

@@ -20,7 +20,8 @@ from server.cli import main as sharecoord
 from spark_jobs import audit, compact, submit
 from spark_jobs.audit_report import CHART_PNG, INDEX_HTML, SUMMARY_JSON
 from tests.spark.conftest import REPO_ROOT
-from tests.spark.histories import write_log
+from protocol.records import ShareKey, ShareSnapshot
+from tests.spark.histories import Appended, state_partition_of, write_log
 from tests.spark.test_audit import ANOMALOUS_LOG, b, build, key, snap, upd
 
 JOB_TIMEOUT_S = 300
@@ -48,14 +49,31 @@ def small_log(data_dir: str) -> str:
     return data_dir
 
 
+@pytest.fixture
+def sealed_log(data_dir: str) -> str:
+    """A log with a sealed segment: something for compaction to do."""
+    k = ShareKey("g", "AAAAAAAAAAAAAAAAAAAAAQ", 0)
+    p = state_partition_of(k, 2)
+    snapshot = ShareSnapshot(k, 0, 0, 0, 0, 1, 1, [], -1, 0, 0)
+    write_log(data_dir, [Appended(p, o, 1, snapshot) for o in range(40)], 2, 1024)
+    return data_dir
+
+
+def compact_args(data_dir: str, retention: str) -> list[str]:
+    return [
+        "--data-dir", data_dir, "--tombstone-retention-ms", retention,
+        "--history-retention-ms", "604800000", "--segment-bytes", "104857600",
+    ]  # fmt: skip
+
+
 def test_compact_takes_its_flags(
-    job_runs: list[tuple[str, str, list[str]]], small_log: str
+    job_runs: list[tuple[str, str, list[str]]], sealed_log: str
 ) -> None:
     code = sharecoord(
         [
             "compact",
             "--data-dir",
-            small_log,
+            sealed_log,
             "--master",
             "spark://m:7077",
             "--tombstone-retention-ms",
@@ -63,27 +81,23 @@ def test_compact_takes_its_flags(
         ]
     )
     assert code == 0
-    assert job_runs == [
-        ("compact", "spark://m:7077", ["--data-dir", small_log, "--tombstone-retention-ms", "5"])
-    ]
+    assert job_runs == [("compact", "spark://m:7077", compact_args(sealed_log, "5"))]
 
 
 def test_compact_reads_the_environment_and_the_config_file(
     job_runs: list[tuple[str, str, list[str]]],
-    small_log: str,
+    sealed_log: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = tmp_path / "sharecoord.toml"
     config.write_text(
-        f'data_dir = "{small_log}"\nmaster = "local[3]"\ntombstone_retention_ms = 7\n'
+        f'data_dir = "{sealed_log}"\nmaster = "local[3]"\ntombstone_retention_ms = 7\n'
     )
     monkeypatch.setenv("SHARECOORD_TOMBSTONE_RETENTION_MS", "9")  # env wins over the file
     monkeypatch.chdir(tmp_path)
     assert sharecoord(["compact", "--config", str(config)]) == 0
-    assert job_runs == [
-        ("compact", "local[3]", ["--data-dir", small_log, "--tombstone-retention-ms", "9"])
-    ]
+    assert job_runs == [("compact", "local[3]", compact_args(sealed_log, "9"))]
 
 
 def test_audit_takes_its_settings_and_makes_paths_absolute(
@@ -242,7 +256,7 @@ def test_sharecoord_audit_streams_progress_and_exits_0_on_a_clean_log(
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    assert "audit: replay and audit 2 state partitions" in lines
+    assert "audit: replay and audit the history and log of 2 state partitions" in lines
     assert any(line.startswith("audit: stage ") and "finished" in line for line in lines)
     assert lines[-1].startswith(
         "audit result: 2 partitions (0 unreadable), 3 records, 1 share-partitions, 0 violations"
