@@ -218,7 +218,9 @@ def run_audit(
             sorted_findings = findings.coalesce(1).sortWithinPartitions(*FINDINGS_ORDER)
             sorted_findings.write.mode("overwrite").parquet(detail_path)
             progress.describe("summarize")
-            counts = {row["kind"]: row["violations"] for row in violation_counts(findings).collect()}
+            counts = {
+                row["kind"]: row["violations"] for row in violation_counts(findings).collect()
+            }
             report = AuditReport(
                 data_dir=data_dir,
                 delivery_limit=delivery_limit,
@@ -251,6 +253,7 @@ def run_audit(
 
 def window_row(audit: PartitionAudit) -> dict[str, Any]:
     """A state partition's window, this run's and since the checkpoint began."""
+
     def side(window: Window) -> dict[str, Any]:
         return {
             "first_offset": window.first_offset,

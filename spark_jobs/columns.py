@@ -154,7 +154,9 @@ def decode_values(records: Sequence[RawRecord]) -> DecodedValues:
         snapshot_at = [i for i in snapshot_at if i not in gone]
     for i in update_at:
         if records[i][4] is None:
-            raise RecordDecodeError(f"offset {records[i][0]}: a ShareUpdate record has a null value")
+            raise RecordDecodeError(
+                f"offset {records[i][0]}: a ShareUpdate record has a null value"
+            )
     updates = _bulk(records, update_at, _decode_updates, decode_update_value)
     snapshots = _bulk(records, snapshot_at, _decode_snapshots, decode_snapshot_value)
     return DecodedValues(
@@ -258,7 +260,10 @@ def _scatter(
 def _batches(size: int, decoded: DecodedValues) -> pa.Array:
     """The nested batches column, from the flat arrays of four integers per batch."""
     lengths = np.zeros(size, dtype=np.int64)
-    for at, values in ((decoded.snapshot_at, decoded.snapshots), (decoded.update_at, decoded.updates)):
+    for at, values in (
+        (decoded.snapshot_at, decoded.snapshots),
+        (decoded.update_at, decoded.updates),
+    ):
         if values:
             lengths[at] = list(map(len, map(_BATCHES, values)))
     present = np.zeros(size, dtype=bool)

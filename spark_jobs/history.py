@@ -10,6 +10,7 @@ same bytes; a crash after it leaves a finished export, which the next exporter s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -113,10 +114,8 @@ def _write_day(
         pq.write_table(pa.Table.from_batches([rows]), temp, row_group_size=_ROW_GROUP_ROWS)
         publish(temp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
-        except FileNotFoundError:
-            pass
         raise
     offsets = rows.column("log_offset")
     return ExportedFile(

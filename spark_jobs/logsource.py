@@ -38,9 +38,8 @@ from persistence.history import (
 from persistence.segments import SegmentInfo, read_newest_open
 from protocol.records import RecordDecoder
 from spark_jobs.columns import decode_values, record_batch
-from spark_jobs.sealed import RawRecord
 from spark_jobs.history import read_export
-from spark_jobs.sealed import read_sealed_segment
+from spark_jobs.sealed import RawRecord, read_sealed_segment
 
 READ_ATTEMPTS = 3
 BATCH_ROWS = 1 << 16  # rows per Arrow batch: bounded memory whatever a segment holds
@@ -77,7 +76,9 @@ def read_whole_partition(source: Source, partition: int, after: int = -1) -> lis
             return _read_partition_once(source, partition, after)
         except FileNotFoundError as exc:
             if attempt == READ_ATTEMPTS:
-                raise LogError(f"state partition {partition}: the log kept changing: {exc}") from exc
+                raise LogError(
+                    f"state partition {partition}: the log kept changing: {exc}"
+                ) from exc
     raise AssertionError("unreachable")
 
 
@@ -115,9 +116,7 @@ def _live(
             frames = read_newest_open(
                 directory, segment, fd, after_offset=last_offset, from_offset=after + 1
             )
-            records = [
-                (f.offset, f.timestamp, f.record_type, f.key, f.value) for f in frames
-            ]
+            records = [(f.offset, f.timestamp, f.record_type, f.key, f.value) for f in frames]
             yield from to_batches(records, partition)
             return
         below = segments[index + 1].base_offset
@@ -301,4 +300,3 @@ def _open_same(path: str, inode: int) -> int | None:
         os.close(fd)
         return None
     return fd
-

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from persistence import read_partition
 from protocol.batches import StateBatch
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
 from spark_jobs import audit, logsource

@@ -16,11 +16,11 @@ import pyspark
 import pytest
 
 import spark_jobs
+from protocol.records import ShareKey, ShareSnapshot
 from server.cli import main as sharecoord
 from spark_jobs import audit, compact, submit
 from spark_jobs.audit_report import CHART_PNG, INDEX_HTML, SUMMARY_JSON
 from tests.spark.conftest import REPO_ROOT
-from protocol.records import ShareKey, ShareSnapshot
 from tests.spark.histories import Appended, state_partition_of, write_log
 from tests.spark.test_audit import ANOMALOUS_LOG, b, build, key, snap, upd
 
