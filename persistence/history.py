@@ -36,6 +36,7 @@ a record and never sees one twice.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -258,10 +259,13 @@ class Expired:
     markers: int = 0
 
 
-def expire(root: str, partitions: Sequence[int], now_ms: int, retention_ms: int) -> Expired:
-    """Delete the day directories wholly older than the retention, then the markers whose
-    files are all gone, except the marker holding each partition's watermark (readers
-    and exporters need it to know where the history ends)."""
+def expire(
+    root: str, data_dir: str, partitions: Sequence[int], now_ms: int, retention_ms: int
+) -> Expired:
+    """Delete the day directories wholly older than the retention, then the markers of
+    segments no longer in the live log whose files are all gone, except the marker
+    holding each partition's watermark (readers and exporters need it to know where the
+    history ends). A live segment's marker stays: it is what lets a prune delete it."""
     result = Expired()
     if retention_ms < 0:
         return result
@@ -280,8 +284,9 @@ def expire(root: str, partitions: Sequence[int], now_ms: int, retention_ms: int)
         if not exports:
             continue
         top = max(exports, key=lambda e: e.covered_end)
+        live = _live_fingerprints(os.path.join(data_dir, "partitions", str(partition)))
         for export in exports:
-            if export is top:
+            if export is top or _prefix(export.segment) in live:
                 continue
             if all(not os.path.exists(os.path.join(root, f.path)) for f in export.files):
                 try:
@@ -290,6 +295,30 @@ def expire(root: str, partitions: Sequence[int], now_ms: int, retention_ms: int)
                 except FileNotFoundError:
                     pass
     return result
+
+
+def _prefix(segment: str) -> str:
+    """``<base>-<size>-`` of a fingerprint."""
+    base, size, _ = segment.split("-", 2)
+    return f"{base}-{size}-"
+
+
+def _live_fingerprints(partition_dir: str) -> set[str]:
+    """The base and size part of each live segment's fingerprint (a segment's size is
+    enough to tell it from the compaction output that took its name)."""
+    try:
+        names = os.listdir(partition_dir)
+    except FileNotFoundError:
+        return set()
+    live = set()
+    for name in names:
+        if name.endswith(".log"):
+            try:
+                size = os.stat(os.path.join(partition_dir, name)).st_size
+            except FileNotFoundError:
+                continue
+            live.add(f"{name.split('.', 1)[0]}-{size}-")
+    return live
 
 
 # -- small file helpers (plain os: these files are not the log) --------------------------
@@ -336,10 +365,8 @@ def write_json_atomically(path: str, document: Any) -> None:
             f.write("\n")
         publish(temp, path)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
-        except FileNotFoundError:
-            pass
         raise
 
 

@@ -55,14 +55,18 @@ class Window:
     records: int = 0
     missing: int = 0
     gaps: list[tuple[int, int]] = field(default_factory=list)
+    # The offset the first record should have: every log starts at 0, and a run that
+    # goes on from a checkpoint starts right after the offset it ended at.
+    expected: int = 0
 
     def see(self, offset: int, timestamp: int) -> None:
+        due = self.expected if self.last_offset is None else self.last_offset + 1
         if self.last_offset is None:
             self.first_offset, self.first_timestamp = offset, timestamp
-        elif offset > self.last_offset + 1:
-            self.missing += offset - self.last_offset - 1
+        if offset > due:
+            self.missing += offset - due
             if len(self.gaps) < GAPS_KEPT:
-                self.gaps.append((self.last_offset + 1, offset - 1))
+                self.gaps.append((due, offset - 1))
         self.last_offset, self.last_timestamp = offset, timestamp
         self.records += 1
 
@@ -169,11 +173,15 @@ class Auditor:
             _Dump(
                 keys=[
                     _KeyDump(
-                        key, entry.state, entry.leader_fence, entry.state_fence,
-                        entry.update_count, entry.snapshot_offset,
+                        key,
+                        entry.state,
+                        entry.leader_fence,
+                        entry.state_fence,
+                        entry.update_count,
+                        entry.snapshot_offset,
                     )
                     for key, entry in self.state.keys.items()
-                ],  # fmt: skip
+                ],
                 histogram=[(g, c, n) for (g, c), n in self.histogram.items()],
                 log_records=list(self.log_records.items()),
                 open_range=list(self.open_range.items()),
@@ -202,6 +210,8 @@ class Auditor:
         auditor.open_range = {ShareKey(*k): tuple(p) for k, p in state.open_range}  # type: ignore[misc]
         auditor.redelivered = [tuple(r) for r in state.redelivered]
         auditor.since = state.since
+        if state.since.last_offset is not None:
+            auditor.window.expected = state.since.last_offset + 1
         auditor.violations_before = dict(state.violations)
         return auditor
 
@@ -411,8 +421,6 @@ def _redelivered_order(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return (-count, group_id, topic_id, partition, first)
 
 
-
-
 class _KeyDump(msgspec.Struct, array_like=True):
     key: tuple[str, str, int]
     state: ShareGroupOffset
@@ -465,9 +473,7 @@ def audit_partition(
     return result
 
 
-def replay_records(
-    auditor: Auditor, records: Iterable[tuple[int, int, Record]]
-) -> None:
+def replay_records(auditor: Auditor, records: Iterable[tuple[int, int, Record]]) -> None:
     """(offset, timestamp, record) into an auditor: for tests."""
     for offset, timestamp, record in records:
         auditor.window.see(offset, timestamp)

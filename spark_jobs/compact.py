@@ -314,7 +314,7 @@ def run_compaction(
             print(f"partition {commit.partition}: output staged at {base} was stale: deleted")
     if history is not None:
         now = time.time_ns() // 1_000_000
-        expired = expire(history.root, range(num_partitions), now, history.retention_ms)
+        expired = expire(history.root, data_dir, range(num_partitions), now, history.retention_ms)
         if expired.days:
             print(f"history: expired {len(expired.days)} partition-days older than the retention")
     if all(r.reason == NO_SEALED_SEGMENT for r in results) and not commits:
@@ -422,9 +422,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     own_session = spark is None
     spark = spark or spark_session("sharecoord-compact")
     try:
-        return run_compaction(
-            spark, args.data_dir, args.tombstone_retention_ms, history=history
-        )
+        return run_compaction(spark, args.data_dir, args.tombstone_retention_ms, history=history)
     finally:
         if own_session:
             spark.stop()
