@@ -138,15 +138,17 @@ def _files_position(
 ) -> tuple[int, int, int]:
     """Where the files of a partition without journal frames end: the checkpoint's
     position if the newest segment is the one it names at its size, else read from the
-    segment (its whole valid frames; opening the partition judges the rest)."""
+    segment (its whole valid frames; opening the partition judges the rest), after an
+    fdatasync: the checkpoint will call that position durable, and a copy put in place
+    may still be only in the page cache."""
     base, path = newest
     fd = fs.open(path, os.O_RDONLY)
     try:
-        size = fs.size(fd)
+        if (base, fs.size(fd)) == (synced.segment, synced.size):
+            return (synced.segment, synced.size, synced.next_offset)
+        fs.fdatasync(fd)
     finally:
         fs.close(fd)
-    if (base, size) == (synced.segment, synced.size):
-        return (synced.segment, synced.size, synced.next_offset)
     scan = scan_segment(fs, path, base)
     next_offset = base if scan.last_offset is None else scan.last_offset + 1
     _log.info(
