@@ -193,6 +193,8 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
                 f"{result.record_count} records, {span}{suffix}\n"
             )
         records += result.record_count
+    for note in report.notes:
+        out.write(f"note: {note}\n")
     verdict = "DAMAGED" if damaged else "ok"
     out.write(f"{verdict}: {len(report.partitions)} partitions, {records} records in {data_dir}\n")
     if damaged:
