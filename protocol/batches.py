@@ -21,6 +21,13 @@ ACQUIRED = 1
 ACKNOWLEDGED = 2
 ARCHIVED = 4
 DELIVERY_STATES = frozenset({AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED})
+# Kafka's names (RecordState), as `sharecoord log dump` and the audit's page print them.
+STATE_NAMES = {0: "Available", 1: "Acquired", 2: "Acknowledged", 3: "Archiving", 4: "Archived"}
+
+
+def state_name(state: int) -> str:
+    """A delivery state's name; the number itself for one Kafka does not define."""
+    return STATE_NAMES.get(state, str(state))
 
 
 class StateBatch(msgspec.Struct, frozen=True, gc=False):

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 import msgspec
 
 from persistence import LogError, LogRecord, partition_dir, read_meta, read_partition, verify
+from protocol.batches import state_name
 from protocol.records import (
     Record,
     RecordDecodeError,
@@ -38,8 +39,6 @@ from server.security import SecurityError, client_ssl_context, load_token
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
-
-_STATE_NAMES = {0: "Available", 1: "Acquired", 2: "Acknowledged", 3: "Archiving", 4: "Archived"}
 
 
 # --- log dump ---------------------------------------------------------------------------
@@ -139,7 +138,7 @@ def record_fields(record: Record) -> dict[str, Any]:
 
 
 def _batch_text(batch: dict[str, int]) -> str:
-    state = _STATE_NAMES.get(batch["delivery_state"], str(batch["delivery_state"]))
+    state = state_name(batch["delivery_state"])
     return f"{batch['first_offset']}-{batch['last_offset']} {state} c{batch['delivery_count']}"
 
 
