@@ -274,3 +274,79 @@ def test_without_spark_submit_the_command_fails_with_a_message(
     monkeypatch.setattr(submit, "spark_submit_path", missing)
     assert submit.run_job("compact", "local[2]", ["--data-dir", "/d"]) == 1
     assert "sharecoord compact: /nowhere/bin/spark-submit" in capsys.readouterr().err
+
+
+# -- issue #14: Spark ergonomics --------------------------------------------------------
+
+
+def one_line(text: str) -> str:
+    lines = text.splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["compact", "audit"])
+def test_no_java_is_a_one_line_usage_error_before_spark_submit(
+    job_runs: list[tuple[str, str, list[str]]],
+    sealed_log: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    extra = ["--out", str(tmp_path / "report")] if command == "audit" else []
+    assert sharecoord([command, "--data-dir", sealed_log, *extra]) == 2
+    line = one_line(capsys.readouterr().err)
+    assert "Java 17" in line and "PATH" in line
+    assert job_runs == []
+
+
+@pytest.mark.parametrize("master", ["bogus://x", "spark://host", "local[0]", "yarn cluster"])
+def test_a_malformed_master_is_a_one_line_usage_error_before_spark_submit(
+    job_runs: list[tuple[str, str, list[str]]],
+    sealed_log: str,
+    capsys: pytest.CaptureFixture[str],
+    master: str,
+) -> None:
+    assert sharecoord(["compact", "--data-dir", sealed_log, "--master", master]) == 2
+    assert "master" in one_line(capsys.readouterr().err)
+    assert job_runs == []
+
+
+def test_compact_with_nothing_sealed_says_so_in_one_line_and_starts_no_job(
+    job_runs: list[tuple[str, str, list[str]]],
+    small_log: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert sharecoord(["compact", "--data-dir", small_log, "--segment-bytes", "4096"]) == 0
+    out = capsys.readouterr().out
+    assert one_line(out) == "nothing to compact: no sealed segments (segments roll at 4096 bytes)"
+    assert compact.COMMITTED_SELF not in out and compact.STAGED_FOR_DAEMON not in out
+    assert job_runs == []
+
+
+def test_a_cluster_master_runs_the_driver_with_this_python(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Whatever python3 comes first on PATH (or was set before) lacks msgpack: the driver
+    # runs in client mode here, with the interpreter that has the project installed.
+    monkeypatch.setenv("PYSPARK_DRIVER_PYTHON", "python3")
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    for master in ("spark://m:7077", "yarn", "k8s://https://k:6443"):
+        env = submit.job_environment(master)
+        assert env["PYSPARK_DRIVER_PYTHON"] == sys.executable
+        assert "PYSPARK_PYTHON" not in env  # the executors' Python is the cluster's
+
+
+def test_a_cluster_master_without_pyspark_python_warns_what_the_executors_need(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
+    monkeypatch.setattr(submit, "submit_command", lambda *a: [sys.executable, "-c", "pass"])
+    assert submit.run_job("compact", "spark://m:7077", ["--data-dir", "/d"]) == 0
+    err = capsys.readouterr().err
+    assert "PYSPARK_PYTHON is not set" in err and "msgpack" in err
