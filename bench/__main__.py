@@ -1,6 +1,7 @@
 """`make bench`: sharecoord next to its ceiling and its peers, in one run on one machine.
 
     python -m bench [--quick] [--only http,kafka,peers,commit,entry,recovery,memory,spark]
+                    (or compact,audit,source: parts of spark)
                     [--duration S]
 
 `peers` runs both kinds of peer; `blind-peers` or `equal-work` runs one kind alone.
@@ -523,8 +524,8 @@ def main(argv: list[str] | None = None) -> int:
             results["recovery"] = [recovery_scenario(work, 100_000 if args.quick else 1_000_000)]
         if "memory" in only:
             results["memory"] = [memory_scenario(work, 20_000 if args.quick else 200_000)]
-        if "spark" in only:
-            results["spark"] = spark_scenarios(work, args.quick)
+        if only & {"spark", "compact", "audit", "source"}:
+            results["spark"] = spark_scenarios(work, args.quick, only)
     paths = report.save(results, RESULTS)
     print(paths["markdown"].read_text())
     print(f"results: {paths['json']}, {paths['markdown']}, {paths['png']}")
@@ -559,10 +560,20 @@ def entry_cost_scenario(quick: bool) -> list[dict[str, Any]]:
     return rows
 
 
-def spark_scenarios(work: Path, quick: bool) -> list[dict[str, Any]]:
-    from bench.spark import run_spark_scenarios  # noqa: PLC0415 - pyspark loads only when asked
+def spark_scenarios(work: Path, quick: bool, only: set[str]) -> list[dict[str, Any]]:
+    """`spark` runs them all: compaction 1M and 10M, the audit of 1M in full and from a
+    checkpoint, the data source's scan; `compact`, `audit` and `source` run one each."""
+    from bench import spark  # noqa: PLC0415 - pyspark loads only when asked
 
-    return run_spark_scenarios(work, quick)
+    rows = []
+    for name, scenario in (
+        ("compact", spark.compact_scenarios),
+        ("audit", spark.audit_scenarios),
+        ("source", spark.source_scenarios),
+    ):
+        if "spark" in only or name in only:
+            rows += scenario(work, quick)
+    return rows
 
 
 if __name__ == "__main__":

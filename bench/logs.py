@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,10 +42,14 @@ def build_log(
     segment_bytes: int = 100 * 1024 * 1024,
     writes_per_key: int = WRITES_PER_KEY,
     progress: bool = True,
+    pause_at: int | None = None,
+    on_pause: Callable[[], None] | None = None,
 ) -> BuiltLog:
     """A data directory of about `records` records over `records / writes_per_key`
     share-partitions. Small `segment_bytes` seal most of the log, for compaction to work
-    on."""
+    on. With `pause_at`, once that many records are written and committed `on_pause`
+    runs (an audit that leaves a checkpoint, say) and the rest are written a day later:
+    their timestamps are one day on."""
     started = time.monotonic()
     rng = random.Random(seed)
     keys_wanted = max(1, records // writes_per_key)
@@ -75,6 +80,13 @@ def build_log(
             for key in keys:
                 if written >= records:
                     break
+                if pause_at is not None and written == pause_at:
+                    for partition_log in logs:
+                        partition_log.commit()
+                    if on_pause is not None:
+                        on_pause()
+                    pause_at = None
+                    now += 86_400_000
                 first = rng.randrange(WINDOW) + round_ * 10
                 entry = WritePartition(
                     key.partition,
