@@ -11,6 +11,7 @@ import io
 import itertools
 import json
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ from tests.spark.test_audit import (
     AVAILABLE,
     NUM_PARTITIONS,
     START_OFFSET_BACKWARDS,
+    TOPIC,
     b,
     build,
     key,
@@ -268,3 +270,37 @@ def test_share_key_fixture_is_in_one_partition() -> None:
         FILLER, NUM_PARTITIONS
     )
     assert isinstance(FILLER, ShareKey)
+
+
+# -- the README's Spark SQL example ---------------------------------------------------------
+
+
+def readme_query() -> str:
+    """The SQL of the README's data source example."""
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index('spark.sql("""') + len('spark.sql("""')
+    return readme[start : readme.index('""")', start)]
+
+
+def test_the_readme_query_finds_the_most_redelivered_offsets_of_a_group_last_hour(
+    spark: SparkSession, data_dir: str
+) -> None:
+    now = int(time.time() * 1000)
+    orders, other = ShareKey("orders", TOPIC, 0), ShareKey("other", TOPIC, 0)
+    timed = [
+        (now - 3 * 3600_000, snap(orders, 1, 0, b(0, 9, AVAILABLE, 9))),  # too old
+        (now - 600_000, upd(orders, -1, b(0, 4, AVAILABLE, 3), b(5, 9, AVAILABLE, 1))),
+        (now - 60_000, upd(orders, -1, b(0, 4, AVAILABLE, 4))),
+        (now - 60_000, upd(other, -1, b(0, 4, AVAILABLE, 7))),  # another group
+    ]
+    offsets = dict.fromkeys(range(NUM_PARTITIONS), 0)
+    appended = []
+    for timestamp, record in timed:
+        p = state_partition_of(record.key, NUM_PARTITIONS)
+        appended.append(Appended(p, offsets[p], timestamp, record))
+        offsets[p] += 1
+    write_log(data_dir, appended, NUM_PARTITIONS, 300)
+    register(spark)
+    spark.read.format("sharecoord").load(data_dir).createOrReplaceTempView("share_log")
+    rows = [tuple(r) for r in spark.sql(readme_query()).collect()]
+    assert rows == [(TOPIC, 0, 0, 4, 4), (TOPIC, 0, 5, 9, 1)]
