@@ -12,10 +12,20 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 
 from persistence import list_segments, partition_dir, write_staged
+from persistence.history import (
+    HistoryConfig,
+    SegmentExport,
+    fingerprint,
+    resolve_dir,
+    write_declaration,
+    write_marker,
+)
+from persistence.segments import fingerprint_segment
 from protocol.records import ShareSnapshot
 from server.tools import iter_records
 from tests.persistence.log_helpers import fold_sealed
@@ -198,3 +208,44 @@ async def test_cold_partition_snapshots_rewrite_a_key_written_by_updates(serve):
     cold = [(create, write) for kind, create, write in kinds[3:] if kind == "snapshot"]
     assert cold, kinds
     assert all(create < write for create, write in cold)
+
+
+async def test_with_a_history_pruning_waits_for_the_export_of_each_segment(serve):
+    """docs/design.md#the-history: a data directory that keeps a history is pruned only
+    up to the first segment without an export marker; once the markers are there, the
+    next round prunes."""
+    flags = {
+        "partitions": NUM_PARTITIONS,
+        "segment_bytes": 1024,
+        "prune_interval_ms": 50,
+        "snapshot_update_records_per_snapshot": 0,
+    }
+    served = await serve(**flags)
+    data_dir = str(served.config.data_dir)
+    root = await asyncio.to_thread(resolve_dir, data_dir, None)
+    await asyncio.to_thread(write_declaration, data_dir, HistoryConfig(root, -1))
+    api = served.api("msgpack")
+    rng = random.Random(14)
+    model = Acknowledged(GROUP, KEYS)
+    assert set(await api.codes("initialize", model.init_body())) == {0}
+    await some_writes(api, model, rng, 20)
+    directory = partition_dir(data_dir, P)
+    sealed = (await asyncio.to_thread(list_segments, directory))[:-1]
+    assert len(sealed) >= 2
+    # Many prune rounds (every 50 ms) with the mark past the sealed segments: none goes.
+    await asyncio.sleep(1.0)
+    assert (await partition_status(api, P))["log_start_offset"] == 0
+    assert (await asyncio.to_thread(list_segments, directory))[: len(sealed)] == sealed
+
+    def export_markers() -> None:  # what the compaction job writes last, per segment
+        for segment in sealed:
+            fp = fingerprint_segment(segment.path)
+            name = fingerprint(os.path.basename(segment.path), fp.size, fp.last_frame_crc)
+            write_marker(root, SegmentExport(P, name, None, None, records=0))
+
+    await asyncio.to_thread(export_markers)
+    deadline = time.monotonic() + DEADLINE_S
+    while (await partition_status(api, P))["log_start_offset"] == 0:
+        assert time.monotonic() < deadline, "the exported segments were never pruned"
+        await asyncio.sleep(0.05)
+    await model.check(api)
