@@ -36,14 +36,13 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from persistence import LogError, read_meta
@@ -58,6 +57,7 @@ from spark_jobs.auditor import (
     PartitionAudit,
     Window,
     audit_partition,
+    finding_order,
 )
 from spark_jobs.session import Progress, spark_session, task_count
 
@@ -126,32 +126,39 @@ SHARE_PARTITIONS_SCHEMA = StructType(
 # -- DataFrames (the driver) -----------------------------------------------------------
 
 
-def delivery_histogram(histogram: DataFrame) -> DataFrame:
-    """Offsets per (group, delivery count), over all state partitions."""
-    return (
-        histogram.groupBy("group_id", "delivery_count")
-        .agg(F.sum("offsets").cast(LongType()).alias("offsets"))
-        .orderBy("group_id", "delivery_count")
-    )
+# The tables besides the findings are small (a row per group and count, the top ranges, a
+# row per share-partition) and already on the driver: sorted there in plain Python, not in
+# one Spark job each, which cost a daily --since-last run more than its records did.
 
 
-def most_redelivered(ranges: DataFrame, limit: int = MOST_REDELIVERED) -> DataFrame:
-    """The offset ranges with the highest delivery counts."""
-    return ranges.orderBy(
-        F.desc("delivery_count"), "group_id", "topic_id", "partition", "first_offset"
-    ).limit(limit)
+def delivery_histogram(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
+    """Offsets per (group, delivery count), over all state partitions, in that order."""
+    totals: dict[tuple[str, int], int] = {}
+    for group, count, offsets in rows:
+        totals[group, count] = totals.get((group, count), 0) + offsets
+    return [
+        {"group_id": group, "delivery_count": count, "offsets": offsets}
+        for (group, count), offsets in sorted(totals.items())
+    ]
 
 
-def violation_counts(findings: DataFrame) -> DataFrame:
-    return findings.groupBy("kind").agg(F.count("*").alias("violations")).orderBy("kind")
+def most_redelivered(
+    rows: Iterable[Sequence[Any]], limit: int = MOST_REDELIVERED
+) -> list[dict[str, Any]]:
+    """The offset ranges with the highest delivery counts; ties by key and first offset."""
+    names = RANGES_SCHEMA.fieldNames()
+    ordered = sorted(rows, key=lambda r: (-r[5], r[0], r[1], r[2], r[3]))
+    return [dict(zip(names, row, strict=True)) for row in ordered[:limit]]
+
+
+def share_partition_rows(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
+    """The summary per share-partition, by group, topic and partition."""
+    names = SHARE_PARTITIONS_SCHEMA.fieldNames()
+    ordered = sorted(rows, key=lambda r: (r[1], r[2], r[3]))
+    return [dict(zip(names, row, strict=True)) for row in ordered]
 
 
 FINDINGS_ORDER = ("state_partition", "log_offset", "kind", "first_offset")
-SHARE_PARTITION_ORDER = ("group_id", "topic_id", "partition")
-
-
-def ordered_findings(findings: DataFrame) -> DataFrame:
-    return findings.orderBy(*FINDINGS_ORDER)
 
 
 @dataclass
@@ -211,16 +218,17 @@ def run_audit(
         )
         try:
             # Everything but the findings is small: one job brings it to the driver.
-            partials = audits.map(lambda a: replace(a, findings=[])).collect()
+            partials = audits.map(lambda a: a.summarized(SAMPLE_ROWS)).collect()
             findings = spark.createDataFrame(audits.flatMap(lambda a: a.findings), FINDINGS_SCHEMA)
             detail_path = os.path.join(out_dir, DETAIL_TABLE)
             progress.describe("write the detail table")
             sorted_findings = findings.coalesce(1).sortWithinPartitions(*FINDINGS_ORDER)
             sorted_findings.write.mode("overwrite").parquet(detail_path)
-            progress.describe("summarize")
-            counts = {
-                row["kind"]: row["violations"] for row in violation_counts(findings).collect()
-            }
+            counts: dict[str, int] = {}
+            for partial in partials:
+                for kind, n in partial.finding_counts.items():
+                    counts[kind] = counts.get(kind, 0) + n
+            sample = sorted((f for a in partials for f in a.first_findings), key=finding_order)
             report = AuditReport(
                 data_dir=data_dir,
                 delivery_limit=delivery_limit,
@@ -228,11 +236,14 @@ def run_audit(
                 records=sum(a.records for a in partials),
                 damaged=[{"partition": a.partition, "error": a.error} for a in partials if a.error],
                 violation_counts=counts,
-                violation_sample=_rows(ordered_findings(findings).limit(SAMPLE_ROWS)),
-                histogram=_rows(delivery_histogram(_local(spark, partials, "histogram"))),
-                most_redelivered=_rows(most_redelivered(_local(spark, partials, "ranges"))),
-                share_partitions=_rows(
-                    _local(spark, partials, "share_partitions").orderBy(*SHARE_PARTITION_ORDER)
+                violation_sample=[
+                    dict(zip(FINDINGS_SCHEMA.fieldNames(), f, strict=True))
+                    for f in sample[:SAMPLE_ROWS]
+                ],
+                histogram=delivery_histogram(r for a in partials for r in a.histogram),
+                most_redelivered=most_redelivered(r for a in partials for r in a.ranges),
+                share_partitions=share_partition_rows(
+                    r for a in partials for r in a.share_partitions
                 ),
                 mode="since last" if previous else "full",
                 history=_history_of(data_dir),
@@ -296,22 +307,6 @@ def _history_of(data_dir: str) -> str | None:
     except LogError as exc:
         return f"unreadable: {exc}"
     return None if config is None else config.root
-
-
-_SCHEMAS = {
-    "histogram": HISTOGRAM_SCHEMA,
-    "ranges": RANGES_SCHEMA,
-    "share_partitions": SHARE_PARTITIONS_SCHEMA,
-}
-
-
-def _local(spark: SparkSession, partials: list[PartitionAudit], table: str) -> DataFrame:
-    rows = [row for audit in partials for row in getattr(audit, table)]
-    return spark.createDataFrame(rows, _SCHEMAS[table])
-
-
-def _rows(frame: DataFrame) -> list[dict[str, Any]]:
-    return [row.asDict() for row in frame.collect()]
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:

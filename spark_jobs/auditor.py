@@ -12,7 +12,7 @@ resuming and replaying k+1..n find the same violations.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -86,6 +86,25 @@ class PartitionAudit:
     since: Window = field(default_factory=Window)  # every run's since the checkpoint began
     violations_before: dict[str, int] = field(default_factory=dict)  # earlier runs'
     state: bytes = b""  # the auditor's dump, for the next --since-last run
+    # What the driver needs of the findings without collecting them all: filled by
+    # ``summarized`` in the task, where the findings themselves are dropped.
+    finding_counts: dict[str, int] = field(default_factory=dict)
+    first_findings: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def summarized(self, sample_rows: int) -> PartitionAudit:
+        """This result without its findings, but with their count per kind and the
+        first `sample_rows` of them in report order."""
+        counts: dict[str, int] = {}
+        for finding in self.findings:
+            counts[finding[0]] = counts.get(finding[0], 0) + 1
+        first = sorted(self.findings, key=finding_order)[:sample_rows]
+        return replace(self, findings=[], finding_counts=counts, first_findings=first)
+
+
+def finding_order(finding: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The report's order of findings (FINDINGS_SCHEMA rows): state partition, log offset,
+    kind, first offset."""
+    return (finding[1], finding[2], finding[0], finding[7])
 
 
 # -- one partition (runs in an executor) -----------------------------------------------

@@ -19,13 +19,13 @@ from spark_jobs.audit import (
     DELIVERY_COUNT_BACKWARDS,
     DELIVERY_LIMIT_AVAILABLE,
     FINDINGS_SCHEMA,
-    HISTOGRAM_SCHEMA,
     RANGES_SCHEMA,
+    SHARE_PARTITIONS_SCHEMA,
     START_OFFSET_BACKWARDS,
     audit_partition,
     delivery_histogram,
     most_redelivered,
-    violation_counts,
+    share_partition_rows,
 )
 from spark_jobs.audit_report import CHART_PNG, DETAIL_TABLE, INDEX_HTML, SUMMARY_JSON
 from tests.spark.histories import BASE_TIME_MS, Appended, state_partition_of, write_log
@@ -197,37 +197,40 @@ def test_a_damaged_partition_is_reported_as_unreadable(data_dir: str) -> None:
 # -- the DataFrame transforms ------------------------------------------------------------
 
 
-def test_delivery_histogram_sums_offsets_per_group_and_count(spark: SparkSession) -> None:
-    rows = spark.createDataFrame(
-        [("g2", 1, 5), ("g1", 2, 3), ("g1", 2, 4), ("g1", 1, 1)], HISTOGRAM_SCHEMA
-    )
-    expected = spark.createDataFrame([("g1", 1, 1), ("g1", 2, 7), ("g2", 1, 5)], HISTOGRAM_SCHEMA)
-    assertDataFrameEqual(delivery_histogram(rows), expected, checkRowOrder=True)
+def test_delivery_histogram_sums_offsets_per_group_and_count() -> None:
+    rows = [("g2", 1, 5), ("g1", 2, 3), ("g1", 2, 4), ("g1", 1, 1)]
+    assert delivery_histogram(rows) == [
+        {"group_id": "g1", "delivery_count": 1, "offsets": 1},
+        {"group_id": "g1", "delivery_count": 2, "offsets": 7},
+        {"group_id": "g2", "delivery_count": 1, "offsets": 5},
+    ]
 
 
-def test_most_redelivered_orders_by_count_then_key(spark: SparkSession) -> None:
+def test_most_redelivered_orders_by_count_then_key() -> None:
     rows = [
         ("g1", TOPIC, 0, 10, 19, 3, 0),
         ("g2", TOPIC, 1, 0, 0, 9, 4),
         ("g1", TOPIC, 0, 0, 4, 3, 1),
         ("g0", TOPIC, 0, 7, 7, 2, 0),
     ]
-    ranges = spark.createDataFrame(rows, RANGES_SCHEMA)
-    expected = spark.createDataFrame([rows[1], rows[2], rows[0]], RANGES_SCHEMA)
-    assertDataFrameEqual(most_redelivered(ranges, limit=3), expected, checkRowOrder=True)
+    names = RANGES_SCHEMA.fieldNames()
+    expected = [dict(zip(names, rows[i], strict=True)) for i in (1, 2, 0)]
+    assert most_redelivered(rows, limit=3) == expected
 
 
-def test_violation_counts_per_kind(spark: SparkSession) -> None:
-    appended_rows = [
-        (DELIVERY_LIMIT_AVAILABLE, 0, 1, "g", TOPIC, 0, 1, 0, 0, None, 5),
-        (START_OFFSET_BACKWARDS, 0, 2, "g", TOPIC, 0, 1, 0, 0, 1, 0),
-        (DELIVERY_LIMIT_AVAILABLE, 1, 3, "g", TOPIC, 0, 1, 0, 0, None, 6),
+def test_the_small_tables_sort_as_spark_would(spark: SparkSession) -> None:
+    """The driver sorts the small tables in Python: the same order as Spark's orderBy,
+    non-ASCII ids included (both compare strings by code point)."""
+    rows = [
+        (0, "gé", TOPIC, 1, 1, 1, 0, 0, 0, 0, 1),
+        (1, "g", TOPIC, 2, 1, 1, 0, 0, 0, 0, 1),
+        (1, "g\U0001f600", TOPIC, 0, 1, 1, 0, 0, 0, 0, 1),
+        (0, "g", "B" + TOPIC[1:], 0, 1, 1, 0, 0, 0, 0, 1),
+        (1, "G", TOPIC, 0, 1, 1, 0, 0, 0, 0, 1),
     ]
-    findings = spark.createDataFrame(appended_rows, FINDINGS_SCHEMA)
-    expected = spark.createDataFrame(
-        [(DELIVERY_LIMIT_AVAILABLE, 2), (START_OFFSET_BACKWARDS, 1)], "kind string, violations long"
-    )
-    assertDataFrameEqual(violation_counts(findings), expected, checkRowOrder=True)
+    frame = spark.createDataFrame(rows, SHARE_PARTITIONS_SCHEMA)
+    in_spark = [r.asDict() for r in frame.orderBy("group_id", "topic_id", "partition").collect()]
+    assert share_partition_rows(rows) == in_spark
 
 
 # -- the whole job ---------------------------------------------------------------------
