@@ -28,7 +28,7 @@ else:  # pragma: no cover
 REPO = Path(__file__).resolve().parent.parent
 # Declared on purpose (the project's brief names them); where they go is ours to say.
 REQUIRED = {"aiohttp", "msgpack", "sortedcontainers", "pyspark", "uvloop", "pytest-asyncio"}
-NOT_FOR_THE_DAEMON = {"pyspark", "matplotlib", "pytest-asyncio", "pytest"}
+NOT_FOR_THE_DAEMON = {"pyspark", "pyarrow", "matplotlib", "pytest-asyncio", "pytest"}
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -47,7 +47,8 @@ def test_the_core_install_is_the_daemon_s_dependencies(project: dict[str, Any]) 
     assert core == {"aiohttp", "msgpack", "msgspec", "sortedcontainers", "uvloop", "tomli"}
     assert not core & NOT_FOR_THE_DAEMON
     extras = project["optional-dependencies"]
-    assert names(extras["spark"]) == {"pyspark", "matplotlib"}
+    # pyarrow: the data source hands Arrow batches to the JVM; the history is Parquet.
+    assert names(extras["spark"]) == {"pyspark", "pyarrow", "matplotlib"}
     assert "pytest-asyncio" in names(extras["dev"])
     declared = core.union(*(names(e) for e in extras.values()))
     assert declared >= REQUIRED | {"matplotlib"}
@@ -64,7 +65,7 @@ def test_the_license_is_an_spdx_expression(project: dict[str, Any]) -> None:
 
 def test_the_daemon_and_the_client_run_without_the_extras() -> None:
     """Every module a lean install runs, imported with the extras' packages hidden."""
-    hidden = ("pyspark", "matplotlib", "pytest", "pytest_asyncio", "hypothesis", "yaml")
+    hidden = ("pyspark", "pyarrow", "matplotlib", "pytest", "pytest_asyncio", "hypothesis", "yaml")
     code = "; ".join(
         [
             "import sys",
