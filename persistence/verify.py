@@ -4,7 +4,9 @@ Every frame of every segment is read and checked (length, checksum, magic, field
 lengths) and offsets must rise strictly, within each segment's range. A torn or
 incomplete end of a partition's newest segment is not damage: a crash leaves one (the
 next open cuts it) and a running daemon may be writing the frame right now. It is
-reported as `tail`. Everything else is damage, named by file and byte offset.
+reported as `tail`. Everything else is damage, named by file and byte offset. A
+partition the data directory says another node holds has no directory here, and that is
+no damage either (`absent`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 
 from persistence.errors import LogError
 from persistence.fileops import FileOps
+from persistence.ownership import absent_by_design
 from persistence.segments import list_segments, scan_partition
 from persistence.staging import SWAP_SUFFIX
 from persistence.statelog import partition_dir, read_meta
@@ -40,6 +43,7 @@ class PartitionVerifyResult:
     damage: list[Damage] = field(default_factory=list)
     tail: Damage | None = None  # a torn or still-being-written end of the newest segment
     notes: list[str] = field(default_factory=list)
+    absent: str | None = None  # why the partition is not here although nothing is wrong
 
     @property
     def ok(self) -> bool:
@@ -68,6 +72,10 @@ def verify(data_dir: str | os.PathLike[str], fs: FileOps | None = None) -> Verif
         return VerifyReport(data_dir, None, problems=[str(exc)])
     report = VerifyReport(data_dir, num_partitions)
     for partition in range(num_partitions or 0):
+        elsewhere = absent_by_design(fs, data_dir, partition)
+        if elsewhere is not None:
+            report.partitions.append(PartitionVerifyResult(partition, absent=elsewhere))
+            continue
         report.partitions.append(
             verify_partition(partition, partition_dir(data_dir, partition), fs)
         )
