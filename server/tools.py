@@ -165,7 +165,12 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     damaged = not report.ok
     damaged_partitions: list[int] = []
     records = 0
+    elsewhere = 0
     for result in report.partitions:
+        if result.absent is not None:  # another node's, by the data directory's records
+            elsewhere += 1
+            out.write(f"partition {result.partition}: {result.absent}\n")
+            continue
         replay_problem = None
         if result.ok:
             replay_problem = _replay_problem(partition_dir(data_dir, result.partition))
@@ -194,7 +199,11 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
             )
         records += result.record_count
     verdict = "DAMAGED" if damaged else "ok"
-    out.write(f"{verdict}: {len(report.partitions)} partitions, {records} records in {data_dir}\n")
+    others = f" ({elsewhere} of them held by other nodes)" if elsewhere else ""
+    out.write(
+        f"{verdict}: {len(report.partitions)} partitions{others}, {records} records in "
+        f"{data_dir}\n"
+    )
     if damaged:
         # One line: what the daemon does, where to look, and where the repair is explained.
         which = str(damaged_partitions[0]) if len(damaged_partitions) == 1 else "P"
