@@ -274,17 +274,17 @@ def _decide(
         exists = False  # an empty leftover, or a creation cut short: as if missing
     if exists:
         assert owner is not None
-        if owner.node_id != node:
-            return (
-                f"was created by node {owner.node_id}, not by this node ({OWNER_FILE} in "
-                f"{directory}): a copy made by hand? move it with `sharecoord partition "
-                "export` and `import`"
-            )
         if owner.exported_ms is not None:
             return (
                 f"was exported from this node (`sharecoord partition export`, at "
                 f"{_when(owner.exported_ms)}): its state lives where it was imported; import "
                 "it back, or `sharecoord partition adopt` it if the export was never imported"
+            )
+        if owner.node_id != node:
+            return (
+                f"was created by node {owner.node_id}, not by this node ({OWNER_FILE} in "
+                f"{directory}): a copy made by hand? move it with `sharecoord partition "
+                "export` and `import`"
             )
         if previous is not None and previous not in (node, UNKNOWN):
             return (

@@ -574,7 +574,12 @@ STATE_GET_SETTINGS: tuple[Setting, ...] = (
 )
 
 _ALL_SETTINGS: tuple[Setting, ...] = (
-    SERVE_SETTINGS + COMPACT_SETTINGS + AUDIT_SETTINGS + LOG_DUMP_SETTINGS + STATE_GET_SETTINGS
+    SERVE_SETTINGS
+    + COMPACT_SETTINGS
+    + AUDIT_SETTINGS
+    + LOG_DUMP_SETTINGS
+    + STATE_GET_SETTINGS
+    + PARTITION_IMPORT_SETTINGS
 )
 
 
@@ -608,6 +613,80 @@ class ServeConfig:
     kafka_listener: str | None
     partitions: int
     topic_catalog: bool
+
+def parse_partition_list(text: str) -> tuple[int, ...]:
+    """``3``, ``3,5-7`` or ``0-24``: state partition numbers, as in a cluster file."""
+    found: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = (piece.strip() for piece in part.partition("-"))
+        if not (first.isdigit() and (not dash or last.isdigit())):
+            raise ValueError('expected partition numbers and ranges, e.g. "3" or "3,5-7"')
+        low, high = int(first), int(last) if dash else int(first)
+        if low > high:
+            raise ValueError(f"range {part.strip()!r} is reversed")
+        found.update(range(low, high + 1))
+    return tuple(sorted(found))
+
+
+# The node a data directory belongs to, for the partition commands: DATA/ASSIGNMENT
+# says so once a daemon of this version ran there; until then it must be given.
+_PARTITION_NODE = Setting(
+    "node_id",
+    None,
+    "The node the data directory belongs to; needed only while it does not record one "
+    "(DATA/ASSIGNMENT, written by the daemon), and checked against it otherwise.",
+    parse_int,
+    between(0, _INT32_MAX),
+    metavar="N",
+)
+
+PARTITION_EXPORT_SETTINGS: tuple[Setting, ...] = (
+    _DATA_DIR,
+    Setting(
+        "partition",
+        None,
+        "The state partition to export; required.",
+        parse_int,
+        at_least(0),
+        metavar="P",
+    ),
+    Setting(
+        "out",
+        None,
+        "A new (or empty) directory to write the export into; required.",
+        parse_optional_path,
+        _anything,
+        metavar="DIR",
+    ),
+)
+
+PARTITION_IMPORT_SETTINGS: tuple[Setting, ...] = (
+    _DATA_DIR,
+    Setting(
+        "source",
+        None,
+        "The directory `sharecoord partition export` wrote; required.",
+        parse_optional_path,
+        _anything,
+        flag="--from",
+        metavar="DIR",
+    ),
+    _PARTITION_NODE,
+)
+
+PARTITION_ADOPT_SETTINGS: tuple[Setting, ...] = (
+    _DATA_DIR,
+    Setting(
+        "partition",
+        None,
+        'The state partitions to adopt: a number or a list, "3,5-7"; required.',
+        parse_partition_list,
+        _anything,
+        metavar="LIST",
+    ),
+    _PARTITION_NODE,
+)
+
     max_body_bytes: int
     max_entries_per_request: int
     max_state_batches_per_entry: int

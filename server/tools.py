@@ -171,9 +171,9 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
             elsewhere += 1
             out.write(f"partition {result.partition}: {result.absent}\n")
             continue
-        replay_problem = None
+        unreplayable = None
         if result.ok:
-            replay_problem = _replay_problem(partition_dir(data_dir, result.partition))
+            unreplayable = replay_problem(partition_dir(data_dir, result.partition))
         notes = list(result.notes)
         if result.tail is not None:
             notes.append(f"incomplete tail: {result.tail}")
@@ -183,10 +183,10 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
             damaged_partitions.append(result.partition)
             for damage in result.damage:
                 out.write(f"partition {result.partition}: DAMAGED {damage}\n")
-        elif replay_problem is not None:
+        elif unreplayable is not None:
             damaged = True
             damaged_partitions.append(result.partition)
-            out.write(f"partition {result.partition}: DOES NOT REPLAY {replay_problem}\n")
+            out.write(f"partition {result.partition}: DOES NOT REPLAY {unreplayable}\n")
         else:
             span = (
                 "empty"
@@ -216,7 +216,8 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     return EXIT_FAILURE if damaged else EXIT_OK
 
 
-def _replay_problem(directory: str) -> str | None:
+def replay_problem(directory: str) -> str | None:
+    """Why the records of a partition directory do not replay, or None."""
     state = ShareStateMap(records_per_snapshot=500)
     decoder = RecordDecoder()
     offset = None
