@@ -347,3 +347,24 @@ async def test_a_client_that_half_closes_gets_every_answer_then_eof(kafka):
         assert int(answer.results[0].partitions[0].error_code) == 0
     assert await client.reader.read() == b""
     await client.close()
+
+
+async def test_a_wildcard_kafka_listener_is_advertised_by_the_advertised_host(spawn, tmp_path):
+    """FindCoordinator of a node alone names its Kafka listener's port at an address a
+    client can connect to: the --advertised-listener's host, not 0.0.0.0."""
+    daemon = await spawn(
+        tmp_path / "data",
+        "--kafka-listener",
+        "0.0.0.0:0",
+        "--advertised-listener",
+        "coord.example:19095",
+    )
+    _, port = kafka_address(daemon.stdout_lines)
+    client = await KafkaClient.connect("127.0.0.1", port)
+    key = f"g:{TOPIC}:0"
+    try:
+        fc6 = message_class("find_coordinator", 6, "request")
+        (found,) = (await client.send(fc6(key_type=2, coordinator_keys=(key,)))).coordinators
+        assert (found.host, found.port, int(found.error_code)) == ("coord.example", port, 0)
+    finally:
+        await client.close()
