@@ -163,14 +163,13 @@ class StateLog:
                 fs.mkdir(data_dir)
                 fs.fsync_dir(os.path.dirname(os.path.abspath(data_dir)))
             lock_fd = _take_lock(fs, data_dir)
-        make_partitions: Callable[[FileOps, str, int], None] = _make_partition_dirs
-        if assignment is not None:
-            make_partitions = lambda fs, data_dir, _: create_fresh(fs, data_dir, assignment)  # noqa: E731
-        elif only is not None:
-            make_partitions = lambda fs, data_dir, _: _make_partition_dirs(fs, data_dir, 0)  # noqa: E731
         try:
             num_partitions, meta_format = _check_meta(
-                fs, data_dir, num_partitions, create=lock, make_partitions=make_partitions
+                fs,
+                data_dir,
+                num_partitions,
+                create=lock,
+                make_partitions=_partition_maker(assignment, only),
             )
             log = cls(data_dir, num_partitions, [], fs, lock_fd)
             log._partitions = [
@@ -412,6 +411,21 @@ def _migrate(fs: FileOps, data_dir: str, num_partitions: int) -> None:
         json.dumps({"format": META_FORMAT, "num_partitions": num_partitions}).encode() + b"\n",
     )
     _log.info("%s: migrated to data directory format %d (a journal)", data_dir, META_FORMAT)
+
+
+def _partition_maker(
+    assignment: Assignment | None, only: Collection[int] | None
+) -> Callable[[FileOps, str, int], None]:
+    """What a new data directory starts with: the daemon's own partitions (each with its
+    OWNER, and ASSIGNMENT), none for the partition tools, or every partition."""
+
+    def make(fs: FileOps, data_dir: str, num_partitions: int) -> None:
+        if assignment is not None:
+            create_fresh(fs, data_dir, assignment)
+        else:
+            _make_partition_dirs(fs, data_dir, 0 if only is not None else num_partitions)
+
+    return make
 
 
 def _recorded_node(fs: FileOps, data_dir: str) -> int | None:
