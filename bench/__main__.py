@@ -1,6 +1,7 @@
 """`make bench`: sharecoord next to its ceiling and its peers, in one run on one machine.
 
-    python -m bench [--quick] [--only http,kafka,peers,recovery,memory,spark] [--duration S]
+    python -m bench [--quick] [--only http,kafka,peers,commit,entry,recovery,memory,spark]
+                    [--duration S]
 
 `peers` runs both kinds of peer; `blind-peers` or `equal-work` runs one kind alone.
 
@@ -20,7 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench import equal_work, peers, report
+from bench import entry_cost, equal_work, group_commit, peers, report
 from bench.kafka_load import run_kafka_load, write_frames
 from bench.loadgen import LoadResult, run_wrk
 from bench.logs import build_log
@@ -471,7 +472,7 @@ def ratios(http: list[LoadResult]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs, small logs")
-    parser.add_argument("--only", default="http,kafka,peers,recovery,memory,spark")
+    parser.add_argument("--only", default="http,kafka,peers,commit,entry,recovery,memory,spark")
     parser.add_argument("--duration", type=float, default=None, help="seconds per load run")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -514,6 +515,10 @@ def main(argv: list[str] | None = None) -> int:
             http += peer_scenarios(work, bodies, duration, blind=blind, equal=equal)
         results["http"] = [r.as_dict() for r in http]
         results["ratios"] = ratios(http)
+        if "commit" in only:
+            results["group_commit"] = commit_scenario(work, args.quick)
+        if "entry" in only:
+            results["entry_cost"] = entry_cost_scenario(args.quick)
         if "recovery" in only:
             results["recovery"] = [recovery_scenario(work, 100_000 if args.quick else 1_000_000)]
         if "memory" in only:
@@ -524,6 +529,34 @@ def main(argv: list[str] | None = None) -> int:
     print(paths["markdown"].read_text())
     print(f"results: {paths['json']}, {paths['markdown']}, {paths['png']}")
     return 0
+
+
+def commit_scenario(work: Path, quick: bool) -> list[dict[str, Any]]:
+    """bench/group_commit.py: a commit cycle with the journal against one fdatasync per
+    state partition, for 1, 16 and 50 dirty partitions."""
+    _say("group commit: one journal flush per cycle vs one fdatasync per partition")
+    rows = group_commit.measure(str(work), cycles=100 if quick else 500)
+    for row in rows:
+        _say(
+            f"  {row['way']}, {row['dirty_partitions']} dirty: "
+            f"{row['ms_per_cycle']:.2f} ms per cycle"
+        )
+    return rows
+
+
+def entry_cost_scenario(quick: bool) -> list[dict[str, Any]]:
+    """bench/entry_cost.py: CPU per write entry without HTTP and fsync, single and
+    batched."""
+    _say("entry cost: CPU per write entry, in process")
+    rows = []
+    for per_request in (1, 50):
+        requests = (20_000 if per_request == 1 else 400) * (1 if quick else 5)
+        cost = entry_cost.measure(requests, per_request)
+        rows.append(
+            {"per_request": per_request, "entries": cost.entries, "us_per_entry": cost.us_per_entry}
+        )
+        _say(f"  {per_request} per request: {cost.us_per_entry:.2f} µs per entry")
+    return rows
 
 
 def spark_scenarios(work: Path, quick: bool) -> list[dict[str, Any]]:

@@ -54,6 +54,33 @@ def markdown(results: dict[str, Any]) -> str:
     if ratios:
         lines += ["", "## Ratios", ""]
         lines += [f"* {name}: **{value:.2f}x**" for name, value in ratios.items()]
+    commit_rows = results.get("group_commit") or []
+    if commit_rows:
+        lines += [
+            "",
+            "## Group commit (bench/group_commit.py, in process)",
+            "",
+            "| way | dirty partitions | ms per cycle | flush p50 ms | flush p99 ms |",
+            "| --- | ---: | ---: | ---: | ---: |",
+        ]
+        lines += [
+            f"| {row['way']} | {row['dirty_partitions']} | {row['ms_per_cycle']:.2f} | "
+            f"{row['flush_median_ms']:.2f} | {row['flush_p99_ms']:.2f} |"
+            for row in commit_rows
+        ]
+    entry_rows = results.get("entry_cost") or []
+    if entry_rows:
+        lines += [
+            "",
+            "## CPU per write entry (bench/entry_cost.py: decode, shard, frame, encode)",
+            "",
+            "| entries per request | entries | µs per entry |",
+            "| ---: | ---: | ---: |",
+        ]
+        lines += [
+            f"| {row['per_request']} | {_fmt(row['entries'])} | {row['us_per_entry']:.1f} |"
+            for row in entry_rows
+        ]
     for section in ("recovery", "spark"):
         rows = results.get(section) or []
         if not rows:

@@ -23,8 +23,12 @@ offset of the next record after it. A partition with frames in the journal catch
 4. The segment is fdatasynced.
 
 A partition without frames in the journal is left as it is: nothing was written to it
-since it was last synced, and opening it recovers it as ever. Run it twice and the
-second changes nothing: the file then holds every journal frame.
+since it was last synced, and opening it recovers it as ever. If its newest segment is
+not the one the checkpoint names, at the size it names, the files were put there from
+elsewhere (a restored backup, an imported partition): the position is then read from the
+files, so that a crash after the next writes is not judged against the old files'
+position. Run it twice and the second changes nothing: the file then holds every
+journal frame.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from persistence.errors import LogCorruptionError
 from persistence.fileops import FileOps
 from persistence.frame import FrameError, LogRecord, decode_frame, find_next_frame, frame_crc
 from persistence.journal import JournalEntry, PartitionCheckpoint, frame_checksum, frame_offset
-from persistence.segments import list_log_files
+from persistence.segments import list_log_files, scan_segment
 
 _log = logging.getLogger("sharecoord.log")
 
@@ -62,9 +66,10 @@ def catch_up(
     """Steps 1-4 of the module docstring. Raises LogCorruptionError for damage."""
     pending = list(entries)
     unchanged = (synced.segment, synced.size, synced.next_offset)
+    files = list_log_files(fs, partition_dir) if fs.exists(partition_dir) else []
     if not pending:
-        return CatchUpReport(partition_dir, None, 0, None, 0, unchanged)
-    files = list_log_files(fs, partition_dir)
+        position = unchanged if not files else _files_position(fs, files[-1], synced)
+        return CatchUpReport(partition_dir, None, 0, None, 0, position)
     if not files:
         raise LogCorruptionError(partition_dir, 0, "the partition has no segment")
     base, path = files[-1]
@@ -126,6 +131,36 @@ def catch_up(
         appended,
         (base, end, next_offset),
     )
+
+
+def _files_position(
+    fs: FileOps, newest: tuple[int, str], synced: PartitionCheckpoint
+) -> tuple[int, int, int]:
+    """Where the files of a partition without journal frames end: the checkpoint's
+    position if the newest segment is the one it names at its size, else read from the
+    segment (its whole valid frames; opening the partition judges the rest), after an
+    fdatasync: the checkpoint will call that position durable, and a copy put in place
+    may still be only in the page cache."""
+    base, path = newest
+    fd = fs.open(path, os.O_RDONLY)
+    try:
+        if (base, fs.size(fd)) == (synced.segment, synced.size):
+            return (synced.segment, synced.size, synced.next_offset)
+        fs.fdatasync(fd)
+    finally:
+        fs.close(fd)
+    scan = scan_segment(fs, path, base)
+    next_offset = base if scan.last_offset is None else scan.last_offset + 1
+    _log.info(
+        "%s: the files are not those the checkpoint names (segment %d, %d bytes): "
+        "taking their position, segment %d, %d bytes",
+        os.path.dirname(path),
+        synced.segment,
+        synced.size,
+        base,
+        scan.valid_size,
+    )
+    return (base, scan.valid_size, next_offset)
 
 
 def _verified_prefix(tail: bytes, next_offset: int) -> tuple[dict[int, int], int, int]:

@@ -373,8 +373,11 @@ class JournalView:
 
     def unsynced_from(self, partition: int, segment_base: int) -> int | None:
         """Where the segment's bytes stop being surely on disk (what lies after may be
-        anything a crash left, and is in the journal), or None: all of it is."""
+        anything a crash left, and is in the journal), or None: all of it is. Without
+        frames in the journal nothing was written since the sync: all of it is."""
         synced = self.synced(partition)
+        if next(self.entries(partition), None) is None:
+            return None
         if synced is None or segment_base > synced.segment:
             return 0
         return synced.size if segment_base == synced.segment else None

@@ -7,6 +7,12 @@ next open cuts it) and a running daemon may be writing the frame right now. It i
 reported as `tail`. Everything else is damage, named by file and byte offset. A
 partition the data directory says another node holds has no directory here, and that is
 no damage either (`absent`).
+
+The journal is checked too (a record that does not decode, followed by one that does,
+is damage; a torn end is a tail). Where the journal's checkpoint says a partition's
+newest segment was never fsynced, anything after that byte is what the journal holds
+and the next open lays again, so damage there is a tail as well. Records still only in
+the journal are counted and named in a note.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from dataclasses import dataclass, field
 
 from persistence.errors import LogError
 from persistence.fileops import FileOps
+from persistence.journal import JournalView, frame_offset, journal_dir, read_checkpoint
 from persistence.ownership import absent_by_design
 from persistence.segments import list_segments, scan_partition
 from persistence.staging import SWAP_SUFFIX
@@ -56,6 +63,7 @@ class VerifyReport:
     num_partitions: int | None
     partitions: list[PartitionVerifyResult] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # about the directory itself
+    notes: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -67,22 +75,41 @@ def verify(data_dir: str | os.PathLike[str], fs: FileOps | None = None) -> Verif
     data_dir = os.fspath(data_dir)
     fs = fs or FileOps()
     try:
-        num_partitions: int | None = read_meta(data_dir, fs)["num_partitions"]
+        meta = read_meta(data_dir, fs)
     except LogError as exc:
         return VerifyReport(data_dir, None, problems=[str(exc)])
+    num_partitions: int = meta["num_partitions"]
     report = VerifyReport(data_dir, num_partitions)
-    for partition in range(num_partitions or 0):
+    journal = None
+    try:
+        journal = JournalView.load(data_dir, fs)
+        if journal is None and meta["format"] >= 2:
+            read_checkpoint(fs, journal_dir(data_dir))  # raises: it is missing
+    except LogError as exc:
+        report.problems.append(str(exc))
+    if journal is not None and journal.torn_at is not None:
+        path, position, reason = journal.torn_at
+        report.notes.append(f"journal: incomplete tail: {path}: byte {position}: {reason}")
+    for partition in range(num_partitions):
         elsewhere = absent_by_design(fs, data_dir, partition)
         if elsewhere is not None:
-            report.partitions.append(PartitionVerifyResult(partition, absent=elsewhere))
+            absent = PartitionVerifyResult(partition, absent=elsewhere)
+            if journal is not None and any(True for _ in journal.entries(partition)):
+                absent.notes.append(
+                    "the journal here still holds records for it, kept until they are"
+                    " written (docs/operations.md, moving a partition)"
+                )
+            report.partitions.append(absent)
             continue
         report.partitions.append(
-            verify_partition(partition, partition_dir(data_dir, partition), fs)
+            verify_partition(partition, partition_dir(data_dir, partition), fs, journal)
         )
     return report
 
 
-def verify_partition(partition: int, directory: str, fs: FileOps) -> PartitionVerifyResult:
+def verify_partition(
+    partition: int, directory: str, fs: FileOps, journal: JournalView | None = None
+) -> PartitionVerifyResult:
     result = PartitionVerifyResult(partition)
     if not fs.exists(directory):
         result.damage.append(Damage(directory, 0, "the partition directory is missing"))
@@ -93,6 +120,7 @@ def verify_partition(partition: int, directory: str, fs: FileOps) -> PartitionVe
         result.damage.append(Damage(directory, 0, f"cannot list the segments: {exc}"))
         return result
     result.segment_count = len(segments)
+    newest_base = segments[-1].base_offset if segments else None
     for scan in scan_partition(fs, [(s.base_offset, s.path) for s in segments]):
         result.record_count += scan.record_count
         if result.first_offset is None:
@@ -101,12 +129,37 @@ def verify_partition(partition: int, directory: str, fs: FileOps) -> PartitionVe
             result.last_offset = scan.last_offset
         if scan.damage is not None:
             found = Damage(scan.path, scan.damage.position, scan.damage.reason)
-            if scan.tail_is_torn:
+            unsynced_from = None
+            if journal is not None and newest_base is not None and scan.path == segments[-1].path:
+                unsynced_from = journal.unsynced_from(partition, newest_base)
+            if scan.tail_is_torn or (
+                unsynced_from is not None and scan.damage.position >= unsynced_from
+            ):
                 result.tail = found
             else:
                 result.damage.append(found)
+    if journal is not None:
+        _count_journal_only(result, journal)
     result.notes.extend(_staging_notes(directory, fs))
     return result
+
+
+def _count_journal_only(result: PartitionVerifyResult, journal: JournalView) -> None:
+    """Add the partition's records that follow its files' last one in the journal."""
+    last = -1 if result.last_offset is None else result.last_offset
+    extra = 0
+    for entry in journal.entries(result.partition):
+        for start, _ in entry.frame_spans():
+            offset = frame_offset(entry.frames, start)
+            if offset > last:
+                extra += 1
+                last = offset
+                if result.first_offset is None:
+                    result.first_offset = offset
+    if extra:
+        result.record_count += extra
+        result.last_offset = last
+        result.notes.append(f"{extra} records only in the journal yet; the next open writes them")
 
 
 def _staging_notes(directory: str, fs: FileOps) -> list[str]:

@@ -76,6 +76,7 @@ class CoordinatorService:
     ) -> None:
         self.runtimes = runtimes
         self.committer = committer
+        self._journal_full_logged_at = -1.0e9
         self.cluster = cluster
         self.node_id = node_id
         self.num_partitions = cluster.num_partitions
@@ -188,11 +189,13 @@ class CoordinatorService:
         """Every entry answers 15: the journal is at journal_max_bytes because some
         partition's files will not sync, and a write could no longer be made durable.
         (Read-summary never writes and is still served.)"""
-        _log.warning(
-            "journal full (%d bytes no checkpoint could free): refusing %s",
-            self.committer.journal_bytes,
-            rpc.value,
-        )
+        now = time.monotonic()
+        if now - self._journal_full_logged_at >= 1.0:  # a line a second, not one a request
+            self._journal_full_logged_at = now
+            _log.warning(
+                "journal full (%d bytes no checkpoint could free): refusing writes (15)",
+                self.committer.journal_bytes,
+            )
         results = [
             TopicResult(
                 topic.topic_id,

@@ -198,6 +198,8 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
                 f"{result.record_count} records, {span}{suffix}\n"
             )
         records += result.record_count
+    for note in report.notes:
+        out.write(f"note: {note}\n")
     verdict = "DAMAGED" if damaged else "ok"
     others = f" ({elsewhere} of them held by other nodes)" if elsewhere else ""
     out.write(

@@ -25,7 +25,12 @@ from persistence import (
 )
 from persistence.fileops import FileOps
 from persistence.frame import CRC_START, PREFIX
-from persistence.journal import Checkpoint, list_journal_segments, read_checkpoint
+from persistence.journal import (
+    Checkpoint,
+    JournalCorruptionError,
+    list_journal_segments,
+    read_checkpoint,
+)
 from persistence.segments import list_segments
 
 NUM_PARTITIONS = 3
@@ -213,3 +218,107 @@ def read_checkpoint_of(data_dir: str) -> Checkpoint:
 
 def list_journal_segments_of(data_dir: str) -> list[tuple[int, str]]:
     return list_journal_segments(FileOps(), os.path.join(data_dir, "journal"))
+
+
+def test_verify_counts_what_is_only_in_the_journal_and_changes_nothing(data_dir, written) -> None:
+    path = newest_segment(data_dir, 1)
+    os.truncate(path, frame_starts(path)[5])
+    before = tree_snapshot(data_dir)
+    report = verify(data_dir)
+    assert tree_snapshot(data_dir) == before
+    assert report.ok
+    result = report.partitions[1]
+    assert result.record_count == len(written[1])
+    assert result.last_offset == written[1][-1].offset
+    assert any("only in the journal" in note for note in result.notes)
+
+
+def test_verify_calls_garbage_in_the_unsynced_stretch_a_tail(data_dir, written) -> None:
+    """Nothing of this run was checkpointed, so the whole newest segment is unsynced:
+    garbage followed by valid frames there is what a crash leaves, not damage."""
+    path = newest_segment(data_dir, 2)
+    starts = frame_starts(path)
+    with open(path, "r+b") as f:
+        f.seek(starts[4])
+        f.write(bytes(starts[5] - starts[4]))
+    report = verify(data_dir)
+    assert report.ok
+    assert report.partitions[2].tail is not None
+    assert report.partitions[2].tail.position == starts[4]
+
+
+def test_verify_names_damage_in_the_middle_of_the_journal(data_dir, written) -> None:
+    (_, segment), *_ = list_journal_segments_of(data_dir)
+    with open(segment, "r+b") as f:
+        f.seek(40)  # inside the first record, which valid records follow
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    report = verify(data_dir)
+    assert not report.ok
+    assert any(problem.startswith(os.path.join(data_dir, "journal")) for problem in report.problems)
+
+
+def test_files_put_in_place_of_a_partition_are_judged_by_their_own_position(
+    data_dir, written, tmp_path
+) -> None:
+    """A partition directory restored or imported from elsewhere does not match the
+    checkpoint: recovery takes the position from the files, so a crash after the next
+    writes neither cuts the imported records nor refuses the partition."""
+    assert recover(data_dir) == {}
+    elsewhere = str(tmp_path / "elsewhere")
+    log = StateLog.open(elsewhere, NUM_PARTITIONS)
+    log.partition(1).open()
+    # Another history: its frames do not line up with this directory's.
+    offset = log.partition(1).append(0, b"another-key", b"a longer value" * 7, 1)
+    log.partition(1).commit()
+    imported = [LogRecord(offset, 1, 0, b"another-key", b"a longer value" * 7)]
+    log.close()
+    imported += write_through_journal(elsewhere, rounds=8, per_round=3)[1]
+    assert recover(elsewhere) == {}
+    shutil.rmtree(partition_dir(data_dir, 1))
+    shutil.copytree(partition_dir(elsewhere, 1), partition_dir(data_dir, 1))
+    after = write_through_journal(data_dir, rounds=1, per_round=3)[1]
+    assert recover(data_dir) == {}
+    assert records_of(data_dir, 1) == imported + after
+    assert not [n for n in os.listdir(partition_dir(data_dir, 1)) if n.endswith(".broken")]
+
+
+def test_the_documented_repair_of_a_damaged_journal_loses_nothing_the_files_hold(
+    data_dir, written
+) -> None:
+    """docs/operations.md, "Repairing a damaged partition": cut the journal segment at
+    the byte named and move the later segments away. What the files already hold stays."""
+    (_, segment), *later = list_journal_segments_of(data_dir)
+    with open(segment, "r+b") as f:
+        f.seek(40)
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(JournalCorruptionError) as refused:
+        StateLog.open(data_dir, NUM_PARTITIONS)
+    assert f"{segment}: damaged journal at byte 0" in str(refused.value)
+    os.truncate(segment, refused.value.position)
+    for _, path in later:
+        os.rename(path, str(path) + ".aside")
+    assert verify(data_dir).ok
+    assert recover(data_dir) == {}
+    for p in range(NUM_PARTITIONS):
+        assert records_of(data_dir, p) == written[p]
+
+
+def test_the_documented_repair_of_a_lost_checkpoint_after_a_clean_stop(data_dir, written) -> None:
+    """docs/operations.md: after a clean stop, move the journal aside and write meta as
+    format 1; the next open converts the directory again and nothing is lost."""
+    assert recover(data_dir) == {}  # a clean open and close: the last checkpoint
+    os.remove(os.path.join(data_dir, "journal", "CHECKPOINT"))
+    report = verify(data_dir)
+    assert any("CHECKPOINT is missing" in problem for problem in report.problems)
+    os.rename(os.path.join(data_dir, "journal"), data_dir + ".journal-aside")
+    with open(os.path.join(data_dir, "meta"), "w") as f:
+        f.write(f'{{"format": 1, "num_partitions": {NUM_PARTITIONS}}}\n')
+    assert verify(data_dir).ok
+    assert recover(data_dir) == {}
+    assert read_checkpoint_of(data_dir).partitions.keys() == set(range(NUM_PARTITIONS))
+    for p in range(NUM_PARTITIONS):
+        assert records_of(data_dir, p) == written[p]

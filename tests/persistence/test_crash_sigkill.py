@@ -6,8 +6,9 @@ A SIGKILL leaves every completed write() in the page cache, so by itself it neit
 tears frames nor loses what was written but not fsynced. Half of the kills are
 therefore followed by a power-loss emulation: each partition's newest segment is cut
 at a random byte at or after the size its last successful fsync covered (the child
-reports those), which loses unsynced bytes and leaves torn frames for recovery. An
-acknowledgement that ran ahead of its fsync fails the test.
+reports those; a recovery here syncs everything), which loses unsynced bytes and
+leaves torn frames for recovery. An acknowledgement that ran ahead of its fsync fails
+the test.
 
 Odd iterations check the directory read-only (verify and the offline reader, which
 must cope with the torn tail) and leave recovery to the next child; even ones recover
@@ -104,7 +105,12 @@ def tear_unsynced_tails(data_dir: str, synced: dict[str, int], rng: random.Rando
         os.truncate(newest.path, rng.randint(durable, newest.size_bytes))
 
 
-def check_acked_present(acked: Acked, data_dir: str, *, recover: bool) -> None:
+def check_acked_present(
+    acked: Acked, data_dir: str, *, recover: bool, synced: dict[str, int] | None = None
+) -> None:
+    """With `recover`, this process recovers the log and closes it, which fsyncs every
+    partition and checkpoints: what the files then hold is what a power loss cannot
+    take, and goes into `synced` for the next emulation."""
     report = verify(data_dir)
     assert report.ok, [d for p in report.partitions for d in p.damage]
     found: Acked = {}
@@ -120,6 +126,9 @@ def check_acked_present(acked: Acked, data_dir: str, *, recover: bool) -> None:
         finally:
             log.close()
         assert all(p.tail is None for p in verify(data_dir).partitions)
+        for p in range(NUM_PARTITIONS if synced is not None else 0):
+            for segment in list_segments(partition_dir(data_dir, p)):
+                synced[segment.path] = segment.size_bytes
     else:
         for p in range(NUM_PARTITIONS):
             for r in read_partition(partition_dir(data_dir, p)):
@@ -136,7 +145,7 @@ def crash_many_times(data_dir: str, iterations: int, segment_bytes: int, seed: i
         record_lines(acked, synced, run_child_until_killed(data_dir, segment_bytes, rng))
         if rng.random() < 0.5:
             tear_unsynced_tails(data_dir, synced, rng)
-        check_acked_present(acked, data_dir, recover=iteration % 2 == 0)
+        check_acked_present(acked, data_dir, recover=iteration % 2 == 0, synced=synced)
     check_acked_present(acked, data_dir, recover=True)
     return acked
 
