@@ -169,7 +169,8 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     for result in report.partitions:
         if result.absent is not None:  # another node's, by the data directory's records
             elsewhere += 1
-            out.write(f"partition {result.partition}: {result.absent}\n")
+            kept = "".join(f" ({note})" for note in result.notes)
+            out.write(f"partition {result.partition}: {result.absent}{kept}\n")
             continue
         unreplayable = None
         if result.ok:

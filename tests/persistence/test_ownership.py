@@ -275,6 +275,23 @@ def test_readers_tell_a_partition_of_another_node_from_a_missing_one(data_dir):
         list(read_partition(partition_dir(data_dir, 0)))
 
 
+def test_verify_notes_journal_records_of_a_partition_held_for_another_node(data_dir):
+    """Partition 1 crashed with records only in the journal, its directory moved away,
+    and the cluster map gave it to node 1: `log verify` calls it absent (no damage) but
+    says the journal here still keeps records of it."""
+    crash_after_writes(data_dir, 1, 3)
+    os.rename(partition_dir(data_dir, 1), partition_dir(data_dir, 1) + ".aside")
+    log = open_as(data_dir, owners=(0, 1, 1, 1))
+    assert log.held == {1}
+    log.close()
+    report = verify(data_dir)
+    assert report.ok
+    moved = report.partitions[1]
+    assert moved.absent == "not held by this node: node 1 owns it"
+    assert any("journal here still holds records" in note for note in moved.notes)
+    assert report.partitions[2].absent is not None and report.partitions[2].notes == []
+
+
 FS = __import__("persistence").FileOps()
 
 
