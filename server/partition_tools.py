@@ -14,7 +14,10 @@ replays), takes the target's DATA/LOCK (the target daemon must be stopped), plac
 segments as DATA/partitions/<p> with an OWNER naming the target node, records in
 CHECKPOINT that the partition's files start afresh (no older journal frame of it is
 ever applied to them) and in DATA/ASSIGNMENT that this node holds it. It refuses a
-target that already holds records of the partition.
+target that already holds records of the partition, or whose journal still holds
+records of it that are in no file (the target crashed while it held the partition, and
+its directory is gone): the import would drop them. After a clean stop (SIGTERM) the
+journal holds nothing that the files lack.
 
 **adopt** tells a node to serve partitions its data directory would refuse (moved here
 although nobody held state for them, a copy made by hand, an export never imported):
@@ -291,6 +294,18 @@ def import_partition(
     log = _open_locked(data_dir, num_partitions, set(), fs)
     try:
         target = partition_dir(data_dir, partition)
+        if partition in log.held:
+            # The open wrote every frame it could into the partition's own directory;
+            # these it could not (the directory is gone or another node's). The import
+            # would start the partition's CHECKPOINT entry past them: they would be lost.
+            raise ToolError(
+                EXIT_FAILURE,
+                f"the journal of {data_dir} still holds records of state partition "
+                f"{partition} that are in no file here (this node wrote them and did not "
+                "stop cleanly, and the partition's directory is gone or another node's): "
+                "put the directory back, start the daemon and stop it with SIGTERM, then "
+                "import again",
+            )
         if os.path.exists(target) and holds_records(fs, target):
             raise ToolError(
                 EXIT_FAILURE,

@@ -57,13 +57,16 @@ def cluster_file(path: Path, ports: dict[int, int], ranges: dict[int, str]) -> P
     return path
 
 
-async def start(spawn: Any, tmp_path: Path, node: int, port: int, cluster: Path) -> Daemon:
+async def start(
+    spawn: Any, tmp_path: Path, node: int, port: int, cluster: Path, *flags: str
+) -> Daemon:
     daemon: Daemon = await spawn(
         tmp_path / f"node{node}",
         "--node-id",
         str(node),
         "--cluster",
         str(cluster),
+        *flags,
         listen=f"127.0.0.1:{port}",
         partitions=N,
     )
@@ -207,6 +210,60 @@ async def test_import_refuses_a_target_that_holds_the_partition(spawn, tmp_path,
     assert "is damaged" in done.stderr
     assert "CRC-32" in done.stderr
     assert not await asyncio.to_thread(fresh.exists)
+
+
+async def test_import_refuses_while_the_targets_journal_holds_records_of_the_partition(
+    spawn, tmp_path, ports
+):
+    """Node 1 crashes while partition 5's newest records are only in its journal (no
+    checkpoint yet), and its directory is moved aside to import a copy from elsewhere.
+    The import would start partition 5's CHECKPOINT entry past those records: it refuses
+    until a clean stop has written them; then the import's state is what node 1 serves."""
+    keys = partitions_in(STAYS, N, group_id=GROUP, count=2)
+    before = await asyncio.to_thread(cluster_file, tmp_path / "before.toml", ports, BEFORE)
+    no_checkpoint = ("--journal-checkpoint-interval-ms", "3600000")
+    target = tmp_path / "node1"
+    directory, aside = target / "partitions" / str(STAYS), tmp_path / "aside"
+    out = tmp_path / "export"
+    async with aiohttp.ClientSession() as session:
+        node1 = await start(spawn, tmp_path, 1, ports[1], before, *no_checkpoint)
+        await write_state(Api(session, node1.url), keys)
+        await asyncio.to_thread(node1.kill)
+
+        # The copy to import: the same keys, one more write, on a standalone daemon.
+        source = await spawn(tmp_path / "source", partitions=N)
+        api = Api(session, source.url)
+        await write_state(api, keys)
+        write = write_entry(keys[0], batch(25, 29, 2, 1), state_epoch=1, leader_epoch=4)
+        assert await api.codes("write", body(GROUP, (TOPIC, [write]))) == [0]
+        expected = await states(api, keys)
+        await stop(source)
+        args = ["--data-dir", str(tmp_path / "source"), "--partition", str(STAYS)]
+        done = await cli("partition", "export", *args, "--out", str(out))
+        assert done.returncode == 0, done.stderr
+
+        await asyncio.to_thread(os.rename, directory, aside)
+        done = await cli("partition", "import", "--data-dir", str(target), "--from", str(out))
+        assert done.returncode == 1, done.stdout
+        *_, error = done.stderr.strip().splitlines()  # the open's warning, then why
+        assert f"still holds records of state partition {STAYS}" in error
+        assert "Traceback" not in done.stderr
+        assert not await asyncio.to_thread(directory.exists)  # nothing placed
+
+        # A clean stop writes them (and its checkpoint lets the journal's copy go).
+        await asyncio.to_thread(os.rename, aside, directory)
+        node1 = await start(spawn, tmp_path, 1, ports[1], before)
+        await stop(node1)
+        await asyncio.to_thread(os.rename, directory, aside)
+        done = await cli("partition", "import", "--data-dir", str(target), "--from", str(out))
+        assert done.returncode == 0, done.stderr
+
+        node1 = await start(spawn, tmp_path, 1, ports[1], before)
+        api = Api(session, node1.url)
+        ready = await api.readyz()
+        assert (ready.status, ready.body["failed_partitions"]) == (200, [])
+        assert await states(api, keys) == expected
+        await stop(node1)
 
 
 def flip_a_byte(export: Path, position: int) -> None:
