@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -210,6 +211,65 @@ async def test_import_refuses_a_target_that_holds_the_partition(spawn, tmp_path,
     assert "is damaged" in done.stderr
     assert "CRC-32" in done.stderr
     assert not await asyncio.to_thread(fresh.exists)
+
+
+async def failure_of(api: Api, partition: int) -> str:
+    """Why /readyz and /v1/admin/partitions say `partition` failed (they must agree)."""
+    ready = await api.readyz()
+    assert ready.status == 200, ready.body  # the other partitions serve
+    assert ready.body["failed_partitions"] == [partition]
+    (failure,) = ready.body["failures"]
+    listing = await api.request("GET", "/v1/admin/partitions")
+    (row,) = [p for p in listing.body["partitions"] if p["partition"] == partition]
+    assert row["status"] == "failed"
+    assert row["error"] == failure["error"]
+    return str(row["error"])
+
+
+async def test_after_a_cluster_change_a_copied_or_missing_directory_is_refused(
+    spawn, tmp_path, ports
+):
+    """A cluster file change, and on disk: the moved partition's directory copied by
+    hand from its old node (OWNER names node 0), and a directory node 0 still owns gone
+    (a lost disk, a wrong rm). Neither node serves them empty: each says why."""
+    lost = 0
+    moved = partitions_in(MOVED, N, group_id=GROUP, count=2)
+    gone = partitions_in(lost, N, group_id=GROUP, count=2)
+    stays = partitions_in(STAYS, N, group_id=GROUP, count=1)
+    before = await asyncio.to_thread(cluster_file, tmp_path / "before.toml", ports, BEFORE)
+    after = await asyncio.to_thread(cluster_file, tmp_path / "after.toml", ports, AFTER)
+    async with aiohttp.ClientSession() as session:
+        nodes = {n: await start(spawn, tmp_path, n, ports[n], before) for n in (0, 1)}
+        await write_state(Api(session, nodes[0].url), moved + gone)
+        await write_state(Api(session, nodes[1].url), stays)
+        expected_stays = await states(Api(session, nodes[1].url), stays)
+        await stop(*nodes.values())
+
+        def rearrange() -> None:
+            shutil.copytree(
+                tmp_path / "node0" / "partitions" / str(MOVED),
+                tmp_path / "node1" / "partitions" / str(MOVED),
+            )
+            shutil.rmtree(tmp_path / "node0" / "partitions" / str(lost))
+
+        await asyncio.to_thread(rearrange)
+        nodes = {n: await start(spawn, tmp_path, n, ports[n], after) for n in (0, 1)}
+        node0, node1 = Api(session, nodes[0].url), Api(session, nodes[1].url)
+
+        error = await failure_of(node1, MOVED)
+        assert "was created by node 0, not by this node" in error
+        assert "sharecoord partition export" in error
+        error = await failure_of(node0, lost)
+        assert "is missing" in error and "this node held it" in error
+        # 15 (retry elsewhere / later), never 42: no leader re-initializes from nothing.
+        reads = body(GROUP, (TOPIC, [read_entry(p, 5) for p in moved]))
+        assert await node1.codes("read", reads) == [15, 15]
+        reads = body(GROUP, (TOPIC, [read_entry(p, 5) for p in gone]))
+        assert await node0.codes("read", reads) == [15, 15]
+        assert await states(node1, stays) == expected_stays
+        await stop(*nodes.values())
+    # Refused, not recreated: the missing directory stays missing.
+    assert not await asyncio.to_thread((tmp_path / "node0" / "partitions" / str(lost)).exists)
 
 
 async def test_import_refuses_while_the_targets_journal_holds_records_of_the_partition(
