@@ -29,6 +29,7 @@ from persistence.frame import (
     frame_crc,
 )
 from persistence.journal import JournalView, frame_offset
+from persistence.ownership import absent_by_design, data_dir_of
 from persistence.staging import (
     LOG_SUFFIX,
     SWAP_SUFFIX,
@@ -74,6 +75,8 @@ def list_segments(partition_dir: str, fs: FileOps | None = None) -> list[Segment
     stands in for the segments its manifest says it replaces, so a reader sees every
     record exactly once whether or not the swap finished."""
     fs = fs or _DEFAULT_FS
+    if _elsewhere(fs, partition_dir):
+        return []
     files = dict(list_log_files(fs, partition_dir))
     for file_name in fs.listdir(partition_dir):
         base = parse_base(file_name, SWAP_SUFFIX)
@@ -366,6 +369,10 @@ def read_partition(
     raises."""
     partition_dir = os.fspath(partition_dir)
     fs = fs or _DEFAULT_FS
+    if not fs.exists(partition_dir):
+        if _elsewhere(fs, partition_dir):
+            return  # another node's partition: nothing of it is here, by design
+        raise LogCorruptionError(partition_dir, 0, "the partition directory is missing")
     partitions_dir, partition_name = os.path.split(os.path.normpath(partition_dir))
     journal = None
     if partition_name.isdigit() and os.path.basename(partitions_dir) == "partitions":
@@ -430,6 +437,15 @@ def read_newest_open(
         yield record
     if journal is not None:
         yield from _journal_records(journal, partition, last_offset, from_offset)
+
+
+def _elsewhere(fs: FileOps, partition_dir: str) -> bool:
+    """Whether a partition directory is missing because the data directory says another
+    node holds that partition (ownership.py): empty for a reader, not damage."""
+    if fs.exists(partition_dir):
+        return False
+    found = data_dir_of(partition_dir)
+    return found is not None and absent_by_design(fs, *found) is not None
 
 
 def _journal_records(

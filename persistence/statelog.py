@@ -17,6 +17,14 @@ read every record after it, bring each partition's files up to date with its fra
 (catchup.py), start a fresh journal after the old one, and record a new CHECKPOINT. A
 partition that cannot catch up (damage) keeps its old checkpoint, so the journal keeps
 its frames, and fails to load with the reason.
+
+A daemon opens with its Assignment (ownership.py): only the partitions this node owns
+are created, caught up and opened, and only those its data directory says it may serve.
+Any other partition keeps its CHECKPOINT entry: if the journal still holds frames of it
+(a crash before the cluster file changed), they are written to its directory when that
+directory is this node's own, so the journal can move on; otherwise the entry stays
+exactly as it is, and so do the frames (`held`), until the partition is exported or
+owned here again.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import fcntl
 import json
 import logging
 import os
+from collections.abc import Callable, Collection
 from typing import Any
 
 from persistence.catchup import catch_up
@@ -47,6 +56,14 @@ from persistence.journal import (
     read_checkpoint,
     scan_journal,
     write_checkpoint,
+)
+from persistence.ownership import (
+    Assignment,
+    PartitionOwnershipError,
+    create_fresh,
+    foreign_owner,
+    read_assignment,
+    settle,
 )
 from persistence.partition import DEFAULT_SEGMENT_BYTES, PartitionLog
 from persistence.segments import list_log_files, scan_segment
@@ -105,6 +122,9 @@ class StateLog:
         self.checkpoint = Checkpoint()
         # Partitions with frames in the journal that no checkpoint has synced yet.
         self.pinned: set[int] = set()
+        # Partitions not opened here whose frames are still only in the journal: their
+        # CHECKPOINT entries stand as they are (module docstring).
+        self.held: set[int] = set()
 
     @classmethod
     def open(
@@ -116,6 +136,8 @@ class StateLog:
         journal_segment_bytes: int = DEFAULT_JOURNAL_SEGMENT_BYTES,
         fs: FileOps | None = None,
         lock: bool = True,
+        assignment: Assignment | None = None,
+        only: Collection[int] | None = None,
     ) -> StateLog:
         """Open (creating if need be) a data directory for `num_partitions` partitions.
 
@@ -123,11 +145,18 @@ class StateLog:
         write, and recovers the journal (module docstring). With lock=False (read-only
         tools), writes nothing, and num_partitions may be None to take it from
         DATA/meta. Partitions are not opened here: call partition(p).open() for each, so
-        one damaged partition does not stop the rest."""
+        one damaged partition does not stop the rest.
+
+        Which partitions are created, caught up and may be opened: with `assignment`
+        (the daemon), those the node owns and may serve (ownership.settle; the others
+        refuse to open, with the reason); with `only` (the partition tools), exactly
+        those, none created; with neither, every partition, as before ownership."""
         data_dir = os.fspath(data_dir)
         fs = fs or FileOps()
         if num_partitions is not None and num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+        if assignment is not None and num_partitions != len(assignment.owners):
+            raise ValueError("the assignment must name an owner for every partition")
         lock_fd = None
         if lock:
             if not fs.exists(data_dir):
@@ -135,7 +164,13 @@ class StateLog:
                 fs.fsync_dir(os.path.dirname(os.path.abspath(data_dir)))
             lock_fd = _take_lock(fs, data_dir)
         try:
-            num_partitions, meta_format = _check_meta(fs, data_dir, num_partitions, create=lock)
+            num_partitions, meta_format = _check_meta(
+                fs,
+                data_dir,
+                num_partitions,
+                create=lock,
+                make_partitions=_partition_maker(assignment, only),
+            )
             log = cls(data_dir, num_partitions, [], fs, lock_fd)
             log._partitions = [
                 PartitionLog(
@@ -151,12 +186,44 @@ class StateLog:
             if lock:
                 if meta_format == 1:
                     _migrate(fs, data_dir, num_partitions)
-                log._recover_journal(journal_segment_bytes)
+                opened = log._choose(assignment, only)
+                node = (
+                    assignment.node_id if assignment is not None else _recorded_node(fs, data_dir)
+                )
+                log._recover_journal(journal_segment_bytes, opened, node)
         except BaseException:
             if lock_fd is not None:
                 fs.close(lock_fd)
             raise
         return log
+
+    def _choose(self, assignment: Assignment | None, only: Collection[int] | None) -> set[int]:
+        """The partitions this opener may open; every other one refuses, saying why."""
+        everything = set(range(self.num_partitions))
+        if assignment is None and only is None:
+            return everything
+        if assignment is not None:
+            # CHECKPOINT names every partition a writer ever opened, used or not: those
+            # it saw records in are the ones that had state here.
+            checkpoint = read_checkpoint(self.fs, self.journal_dir)
+            had_records = {p for p, c in checkpoint.partitions.items() if c.next_offset > 0}
+            refused = settle(self.fs, self.data_dir, assignment, had_records)
+            opened = set(assignment.owned()) - refused.keys()
+            for p, reason in refused.items():
+                self._partitions[p].refuse_open(PartitionOwnershipError(p, reason))
+            elsewhere = everything - assignment.owned()
+            for p in elsewhere:
+                owner = assignment.owners[p]
+                reason = f"is not owned by this node (node {owner} owns it)"
+                self._partitions[p].refuse_open(PartitionOwnershipError(p, reason))
+            return opened
+        assert only is not None
+        opened = set(only)
+        for p in everything - opened:
+            self._partitions[p].refuse_open(
+                PartitionOwnershipError(p, "was not opened: this opener named other partitions")
+            )
+        return opened
 
     def partition(self, partition: int) -> PartitionLog:
         if not 0 <= partition < self.num_partitions:
@@ -173,17 +240,26 @@ class StateLog:
     def journal_dir(self) -> str:
         return journal_dir(self.data_dir)
 
-    def _recover_journal(self, segment_bytes: int) -> None:
+    def _recover_journal(self, segment_bytes: int, opened: set[int], node: int | None) -> None:
         fs, directory = self.fs, self.journal_dir
         old = read_checkpoint(fs, directory)
         scan = scan_journal(fs, directory, old.lowest_lsn(), keep_torn_tail=True)
         caught_up: dict[int, tuple[int, int, int]] = {}
         for p, log in enumerate(self._partitions):
             synced = old.partitions.get(p, PartitionCheckpoint(0, 0, 0, 0))
+            pending = list(entries_of(scan.records, p, synced.lsn))
+            if p not in opened:
+                if pending:
+                    self._finish_or_hold(p, synced, pending, node, caught_up)
+                continue
+            owner = foreign_owner(fs, log.partition_dir, node)
+            if pending and owner is not None:
+                # This journal's frames were written for this node's directory, never
+                # for one another node made: they stay in the journal.
+                self._hold(p, f"its directory is node {owner}'s")
+                continue
             try:
-                caught_up[p] = catch_up(
-                    fs, log.partition_dir, synced, entries_of(scan.records, p, synced.lsn)
-                ).position
+                caught_up[p] = catch_up(fs, log.partition_dir, synced, pending).position
             except (LogCorruptionError, OSError) as exc:
                 log.refuse_open(exc)
                 self.pinned.add(p)
@@ -198,6 +274,52 @@ class StateLog:
         self.checkpoint = Checkpoint(partitions)
         write_checkpoint(fs, directory, self.checkpoint)
         self.journal.delete_below(self.checkpoint.lowest_lsn())
+
+    def _finish_or_hold(
+        self,
+        p: int,
+        synced: PartitionCheckpoint,
+        pending: list[JournalEntry],
+        node: int | None,
+        caught_up: dict[int, tuple[int, int, int]],
+    ) -> None:
+        """A partition this opener does not open, with frames only in the journal: they
+        are written to its directory when that is this node's (nothing is loaded or
+        served), else kept where they are."""
+        directory = self._partitions[p].partition_dir
+        if not self.fs.exists(directory):
+            self._hold(p, "its directory is not here")
+            return
+        owner = foreign_owner(self.fs, directory, node)
+        if owner is not None:
+            self._hold(p, f"its directory is node {owner}'s")
+            return
+        try:
+            caught_up[p] = catch_up(self.fs, directory, synced, pending).position
+        except (LogCorruptionError, OSError) as exc:
+            self._hold(p, str(exc))
+
+    def _hold(self, p: int, why: str) -> None:
+        self.held.add(p)
+        _log.warning(
+            "state partition %d: records of it are still only in the journal, and %s; the "
+            "journal keeps them (and everything after them) until it is exported or served "
+            "here again (docs/operations.md#moving-a-state-partition)",
+            p,
+            why,
+        )
+
+    def record_replaced(self, partition: int, position: tuple[int, int, int]) -> None:
+        """The files of a partition were replaced whole (an import) and are on disk up to
+        `position`: its CHECKPOINT entry starts at the journal's end, so that no older
+        frame of it in the journal is ever laid over the new files."""
+        assert self.journal is not None, "only a writable open replaces partitions"
+        partitions = dict(self.checkpoint.partitions)
+        partitions[partition] = PartitionCheckpoint(self.journal.end_lsn, *position)
+        self.checkpoint = Checkpoint(partitions)
+        write_checkpoint(self.fs, self.journal_dir, self.checkpoint)
+        self.held.discard(partition)
+        self.pinned.discard(partition)
 
     def _journal_entries(self, partition: int) -> list[JournalEntry]:
         """The frames of one partition in the journal since its checkpoint (a partition
@@ -216,6 +338,8 @@ class StateLog:
         failures: dict[int, BaseException] = {}
         partitions = dict(self.checkpoint.partitions)
         for p, log in enumerate(self._partitions):
+            if p in self.held:
+                continue  # its frames are only in the journal: its entry stands as it is
             if log.failure is not None:
                 continue  # stopped: its own entry stands until it has repaired itself
             if p in written or p in self.pinned:
@@ -289,6 +413,27 @@ def _migrate(fs: FileOps, data_dir: str, num_partitions: int) -> None:
     _log.info("%s: migrated to data directory format %d (a journal)", data_dir, META_FORMAT)
 
 
+def _partition_maker(
+    assignment: Assignment | None, only: Collection[int] | None
+) -> Callable[[FileOps, str, int], None]:
+    """What a new data directory starts with: the daemon's own partitions (each with its
+    OWNER, and ASSIGNMENT), none for the partition tools, or every partition."""
+
+    def make(fs: FileOps, data_dir: str, num_partitions: int) -> None:
+        if assignment is not None:
+            create_fresh(fs, data_dir, assignment)
+        else:
+            _make_partition_dirs(fs, data_dir, 0 if only is not None else num_partitions)
+
+    return make
+
+
+def _recorded_node(fs: FileOps, data_dir: str) -> int | None:
+    """The node DATA/ASSIGNMENT names, if a daemon of this version ran here."""
+    recorded = read_assignment(fs, data_dir)
+    return None if recorded is None else recorded.node_id
+
+
 def _take_lock(fs: FileOps, data_dir: str) -> int:
     fd = fs.open(os.path.join(data_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT)
     try:
@@ -305,16 +450,22 @@ def _take_lock(fs: FileOps, data_dir: str) -> int:
 
 
 def _check_meta(
-    fs: FileOps, data_dir: str, num_partitions: int | None, *, create: bool
+    fs: FileOps,
+    data_dir: str,
+    num_partitions: int | None,
+    *,
+    create: bool,
+    make_partitions: Callable[[FileOps, str, int], None],
 ) -> tuple[int, int]:
-    """(num_partitions, format) of the directory, creating it in the current format."""
+    """(num_partitions, format) of the directory, creating it in the current format
+    (its partition directories by `make_partitions`)."""
     path = os.path.join(data_dir, META_FILE)
     if not fs.exists(path) and create:
         if num_partitions is None:
             raise ValueError(f"{data_dir} is new: num_partitions is required to create it")
-        # Meta goes last: once it exists, every partition directory and the journal
-        # do, and a missing one is damage, never a fresh start.
-        _make_partition_dirs(fs, data_dir, num_partitions)
+        # Meta goes last: once it exists, every partition directory it was made with and
+        # the journal do, and a missing one is damage, never a fresh start.
+        make_partitions(fs, data_dir, num_partitions)
         directory = journal_dir(data_dir)
         if not fs.exists(directory):
             fs.mkdir(directory)

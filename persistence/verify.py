@@ -4,7 +4,9 @@ Every frame of every segment is read and checked (length, checksum, magic, field
 lengths) and offsets must rise strictly, within each segment's range. A torn or
 incomplete end of a partition's newest segment is not damage: a crash leaves one (the
 next open cuts it) and a running daemon may be writing the frame right now. It is
-reported as `tail`. Everything else is damage, named by file and byte offset.
+reported as `tail`. Everything else is damage, named by file and byte offset. A
+partition the data directory says another node holds has no directory here, and that is
+no damage either (`absent`).
 
 The journal is checked too (a record that does not decode, followed by one that does,
 is damage; a torn end is a tail). Where the journal's checkpoint says a partition's
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 from persistence.errors import LogError
 from persistence.fileops import FileOps
 from persistence.journal import JournalView, frame_offset, journal_dir, read_checkpoint
+from persistence.ownership import absent_by_design
 from persistence.segments import list_segments, scan_partition
 from persistence.staging import SWAP_SUFFIX
 from persistence.statelog import partition_dir, read_meta
@@ -47,6 +50,7 @@ class PartitionVerifyResult:
     damage: list[Damage] = field(default_factory=list)
     tail: Damage | None = None  # a torn or still-being-written end of the newest segment
     notes: list[str] = field(default_factory=list)
+    absent: str | None = None  # why the partition is not here although nothing is wrong
 
     @property
     def ok(self) -> bool:
@@ -87,6 +91,16 @@ def verify(data_dir: str | os.PathLike[str], fs: FileOps | None = None) -> Verif
         path, position, reason = journal.torn_at
         report.notes.append(f"journal: incomplete tail: {path}: byte {position}: {reason}")
     for partition in range(num_partitions):
+        elsewhere = absent_by_design(fs, data_dir, partition)
+        if elsewhere is not None:
+            absent = PartitionVerifyResult(partition, absent=elsewhere)
+            if journal is not None and any(True for _ in journal.entries(partition)):
+                absent.notes.append(
+                    "the journal here still holds records for it, kept until they are"
+                    " written (docs/operations.md, moving a partition)"
+                )
+            report.partitions.append(absent)
+            continue
         report.partitions.append(
             verify_partition(partition, partition_dir(data_dir, partition), fs, journal)
         )

@@ -22,6 +22,9 @@ from server.config import (
     COMPACT_SETTINGS,
     LOG_DUMP_SETTINGS,
     LOG_VERIFY_SETTINGS,
+    PARTITION_ADOPT_SETTINGS,
+    PARTITION_EXPORT_SETTINGS,
+    PARTITION_IMPORT_SETTINGS,
     SERVE_SETTINGS,
     STATE_GET_SETTINGS,
     ConfigError,
@@ -140,8 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="print one share-partition's admin state",
     )
     state.set_defaults(command=_needs_a_command(state, ["get"]), prog=state.prog)
+    _add_partition_commands(commands)
     _add_scram_commands(commands)
-    names = ["serve", "compact", "audit", "log", "state", "scram"]
+    names = ["serve", "compact", "audit", "log", "state", "partition", "scram"]
     parser.set_defaults(command=_needs_a_command(parser, names), prog=parser.prog)
     return parser
 
@@ -153,6 +157,97 @@ def _add_command(
     add_arguments(parser, settings)
     parser.set_defaults(command=command, prog=parser.prog)
     return parser
+
+
+def _add_partition_commands(subparsers: Any) -> None:
+    """`partition export | import | adopt`: moving a state partition between nodes
+    (docs/operations.md#moving-a-state-partition). Each takes DATA/LOCK: its node's
+    daemon must be stopped."""
+    partition = subparsers.add_parser(
+        "partition", help="move a state partition between nodes (the daemon stopped)"
+    )
+    commands = partition.add_subparsers(title="partition commands", metavar="COMMAND")
+    _add_command(
+        commands,
+        "export",
+        _partition_export,
+        PARTITION_EXPORT_SETTINGS,
+        help="copy a state partition out, verified, and stop serving it here",
+    )
+    _add_command(
+        commands,
+        "import",
+        _partition_import,
+        PARTITION_IMPORT_SETTINGS,
+        help="check an export and make it this node's state partition",
+    )
+    _add_command(
+        commands,
+        "adopt",
+        _partition_adopt,
+        PARTITION_ADOPT_SETTINGS,
+        help="serve partitions this data directory would refuse, as they are here",
+    )
+    partition.set_defaults(
+        command=_needs_a_command(partition, ["export", "import", "adopt"]), prog=partition.prog
+    )
+
+
+def _partition_export(args: argparse.Namespace) -> int:
+    from server.partition_tools import ToolError, export_partition
+
+    values = load_settings(PARTITION_EXPORT_SETTINGS, args, required=("partition", "out"))
+    data_dir, partition = values["data_dir"], values["partition"]
+    try:
+        manifest = export_partition(data_dir, partition, values["out"])
+    except ToolError as exc:
+        _say(args.prog, str(exc))
+        return exc.code
+    size = sum(segment.size for segment in manifest.segments)
+    print(
+        f"exported state partition {partition} of {data_dir} to {os.path.abspath(values['out'])}"
+        f": {manifest.records} records, offsets {manifest.log_start_offset}.."
+        f"{manifest.log_end_offset - 1}, {len(manifest.segments)} segments, {size} bytes"
+    )
+    print(f"{data_dir} no longer serves state partition {partition} (its OWNER says exported)")
+    print(
+        "next: with the new owner stopped, `sharecoord partition import --data-dir ITS_DATA "
+        "--from DIR` there; then start it"
+    )
+    return 0
+
+
+def _partition_import(args: argparse.Namespace) -> int:
+    from server.partition_tools import ToolError, import_partition
+
+    values = load_settings(PARTITION_IMPORT_SETTINGS, args, required=("source",))
+    data_dir = values["data_dir"]
+    _refuse(preflight.data_directory_problem(data_dir, created_if_missing=True))
+    try:
+        manifest, node = import_partition(data_dir, values["source"], values["node_id"])
+    except ToolError as exc:
+        _say(args.prog, str(exc))
+        return exc.code
+    print(
+        f"imported state partition {manifest.partition} into {data_dir} for node {node}: "
+        f"{manifest.records} records, offsets {manifest.log_start_offset}.."
+        f"{manifest.log_end_offset - 1} (checked against the export's manifest)"
+    )
+    return 0
+
+
+def _partition_adopt(args: argparse.Namespace) -> int:
+    from server.partition_tools import ToolError, adopt_partitions
+
+    values = load_settings(PARTITION_ADOPT_SETTINGS, args, required=("partition",))
+    try:
+        lines = adopt_partitions(values["data_dir"], list(values["partition"]), values["node_id"])
+    except ToolError as exc:
+        _say(args.prog, str(exc))
+        return exc.code
+    for line in lines:
+        print(line)
+    return 0
 
 
 def _add_scram_commands(subparsers: Any) -> None:

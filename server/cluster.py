@@ -27,12 +27,15 @@ No I/O here but ``load_cluster`` reading the file.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from persistence.ownership import Assignment
 from protocol import errors
 from protocol.messages import CoordinatorResult
 from protocol.routing import parse_coordinator_key, partition_for
@@ -119,6 +122,20 @@ class ClusterMap:
     def owned_by(self, node_id: int) -> frozenset[int]:
         """The state partitions node ``node_id`` owns."""
         return self.node(node_id).partitions
+
+    def fingerprint(self) -> str:
+        """Names this map's assignment of partitions to nodes (not the addresses: a node
+        that moves to another host keeps its partitions): what a data directory records
+        of the map it ran with (persistence/ownership.py)."""
+        owners = [node.id for node in self._owners]
+        text = json.dumps({"num_partitions": self.num_partitions, "owners": owners})
+        return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def assignment(self, node_id: int) -> Assignment:
+        """What node ``node_id`` opens its data directory with."""
+        self.node(node_id)  # KeyError for a node not in the map
+        owners = tuple(node.id for node in self._owners)
+        return Assignment(node_id, self.fingerprint(), owners)
 
 
 def load_cluster(path: str) -> ClusterMap:

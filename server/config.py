@@ -25,6 +25,7 @@ import ipaddress
 import math
 import os
 import re
+import socket
 import sys
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -252,6 +253,27 @@ def _listen(value: Any) -> None:
     parse_listen(value)
 
 
+# Listen hosts that mean "every interface": no client can connect to one.
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", ""})
+
+
+def _advertised(value: Any) -> None:
+    host, port = parse_listen(value)
+    if host in WILDCARD_HOSTS:
+        raise ValueError(f"{host or 'an empty host'} is not an address a client can connect to")
+    if port == 0:
+        raise ValueError("the port must be 1..65535: clients connect to it")
+
+
+def advertised_host(advertised_listener: str | None) -> str:
+    """The host find-coordinator names for this node when its listen host is a
+    wildcard: the --advertised-listener's, else this machine's host name (what Kafka
+    advertises for a listener without a host)."""
+    if advertised_listener is not None:
+        return parse_listen(advertised_listener)[0]
+    return socket.gethostname()
+
+
 def _anything(value: Any) -> None:
     pass
 
@@ -299,6 +321,19 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         "port 0 picks a free one. Off when not set (an empty value means not set).",
         _optional_text,
         _listen,
+        metavar="HOST:PORT",
+    ),
+    Setting(
+        "advertised_listener",
+        None,
+        "HOST:PORT that find-coordinator (and the Kafka listener's FindCoordinator, with "
+        "the Kafka listener's port) names for this node when there is no cluster file. "
+        "Without it: the --listen address, or, for a wildcard listen host (0.0.0.0, [::]), "
+        "this machine's host name. With a cluster file, the node's entry there is its "
+        "address; this may only repeat it (a port mapping in front of the node lets "
+        "--listen's port differ from it). An empty value means not set.",
+        _optional_text,
+        _advertised,
         metavar="HOST:PORT",
     ),
     _int(
@@ -611,8 +646,87 @@ STATE_GET_SETTINGS: tuple[Setting, ...] = (
     _file("key", "Client private key (PEM) for mutual TLS."),
 )
 
+
+def parse_partition_list(text: str) -> tuple[int, ...]:
+    """``3``, ``3,5-7`` or ``0-24``: state partition numbers, as in a cluster file."""
+    found: set[int] = set()
+    for part in text.split(","):
+        first, dash, last = (piece.strip() for piece in part.partition("-"))
+        if not (first.isdigit() and (not dash or last.isdigit())):
+            raise ValueError('expected partition numbers and ranges, e.g. "3" or "3,5-7"')
+        low, high = int(first), int(last) if dash else int(first)
+        if low > high:
+            raise ValueError(f"range {part.strip()!r} is reversed")
+        found.update(range(low, high + 1))
+    return tuple(sorted(found))
+
+
+# The node a data directory belongs to, for the partition commands: DATA/ASSIGNMENT
+# says so once a daemon of this version ran there; until then it must be given.
+_PARTITION_NODE = Setting(
+    "node_id",
+    None,
+    "The node the data directory belongs to; needed only while it does not record one "
+    "(DATA/ASSIGNMENT, written by the daemon), and checked against it otherwise.",
+    parse_int,
+    between(0, _INT32_MAX),
+    metavar="N",
+)
+
+PARTITION_EXPORT_SETTINGS: tuple[Setting, ...] = (
+    _DATA_DIR,
+    Setting(
+        "partition",
+        None,
+        "The state partition to export; required.",
+        parse_int,
+        at_least(0),
+        metavar="P",
+    ),
+    Setting(
+        "out",
+        None,
+        "A new (or empty) directory to write the export into; required.",
+        parse_optional_path,
+        _anything,
+        metavar="DIR",
+    ),
+)
+
+PARTITION_IMPORT_SETTINGS: tuple[Setting, ...] = (
+    _DATA_DIR,
+    Setting(
+        "source",
+        None,
+        "The directory `sharecoord partition export` wrote; required.",
+        parse_optional_path,
+        _anything,
+        flag="--from",
+        metavar="DIR",
+    ),
+    _PARTITION_NODE,
+)
+
+PARTITION_ADOPT_SETTINGS: tuple[Setting, ...] = (
+    _DATA_DIR,
+    Setting(
+        "partition",
+        None,
+        'The state partitions to adopt: a number or a list, "3,5-7"; required.',
+        parse_partition_list,
+        _anything,
+        metavar="LIST",
+    ),
+    _PARTITION_NODE,
+)
+
 _ALL_SETTINGS: tuple[Setting, ...] = (
-    SERVE_SETTINGS + COMPACT_SETTINGS + AUDIT_SETTINGS + LOG_DUMP_SETTINGS + STATE_GET_SETTINGS
+    SERVE_SETTINGS
+    + COMPACT_SETTINGS
+    + AUDIT_SETTINGS
+    + LOG_DUMP_SETTINGS
+    + STATE_GET_SETTINGS
+    + PARTITION_IMPORT_SETTINGS
 )
 
 
@@ -644,6 +758,7 @@ class ServeConfig:
     data_dir: str
     listen: str
     kafka_listener: str | None
+    advertised_listener: str | None
     partitions: int
     topic_catalog: bool
     max_body_bytes: int
@@ -762,8 +877,14 @@ def load_serve_config(
         )
     host, port = parse_listen(values["listen"])
     node_id, partitions = values["node_id"], values["partitions"]
+    advertised = values["advertised_listener"]
     if values["cluster"] is None:
-        cluster_map = ClusterMap.single(node_id, host, port, partitions)
+        if advertised is not None:
+            shown_host, shown_port = parse_listen(advertised)
+        else:
+            shown_host = advertised_host(None) if host in WILDCARD_HOSTS else host
+            shown_port = port
+        cluster_map = ClusterMap.single(node_id, shown_host, shown_port, partitions)
     else:
         try:
             cluster_map = load_cluster(values["cluster"])
@@ -776,7 +897,37 @@ def load_serve_config(
                 f"{where('node_id')} = {node_id} is not a node of cluster file "
                 f"{values['cluster']} (ids: {ids}); give --node-id"
             )
+        _check_node_address(cluster_map, node_id, port, advertised, values["cluster"], where)
     return ServeConfig(**values, host=host, port=port, cluster_map=cluster_map)
+
+
+def _check_node_address(
+    cluster_map: ClusterMap,
+    node_id: int,
+    port: int,
+    advertised: str | None,
+    cluster_file: str,
+    where: Callable[[str], str],
+) -> None:
+    """With a cluster file, the node's entry is where clients reach it: a listen port
+    that differs sends them to nobody, unless --advertised-listener says that the
+    entry's address is mapped to this one (a NAT or container port mapping)."""
+    node = cluster_map.node(node_id)
+    entry = f"{node.host}:{node.port}"
+    if advertised is not None:
+        if parse_listen(advertised) != (node.host, node.port):
+            raise ConfigError(
+                f"{where('advertised_listener')} = {advertised} disagrees with node {node_id}'s "
+                f"entry {entry} in cluster file {cluster_file}; with a cluster file, that "
+                "entry is what find-coordinator answers: give it, or leave this unset"
+            )
+        return
+    if port != node.port:
+        raise ConfigError(
+            f"{where('listen')} has port {port}, but cluster file {cluster_file} says node "
+            f"{node_id} is reached at {entry}: give --listen HOST:{node.port} (behind a port "
+            f"mapping, add --advertised-listener {entry})"
+        )
 
 
 def _resolve_with_sources(

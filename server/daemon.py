@@ -30,7 +30,7 @@ from aiohttp import web
 from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError, StateLog
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
-from server.config import ServeConfig
+from server.config import WILDCARD_HOSTS, ServeConfig, advertised_host
 from server.connection import ApiAppRunner
 from server.http import COORDINATOR, create_app
 from server.kafka_auth import CredentialsError, KafkaAuth, load_credentials
@@ -167,9 +167,13 @@ async def _serve(
             ) from exc
         host, port = _bound_address(runner, config)
         coordinator = app[COORDINATOR]
-        if config.cluster is None and port != config.port:
-            # --listen with port 0: advertise the port actually bound.
-            coordinator.rebind(ClusterMap.single(config.node_id, host, port, config.partitions))
+        if config.cluster is None and config.advertised_listener is None and port != config.port:
+            # --listen with port 0: advertise the port actually bound (at the host the
+            # configuration chose: a wildcard listen host is advertised by name).
+            (alone,) = coordinator.cluster.nodes
+            coordinator.rebind(
+                ClusterMap.single(config.node_id, alone.host, port, config.partitions)
+            )
         if kafka_socket is not None:
             kafka = await _start_kafka(app, config, ssl_context, kafka_auth, kafka_socket)
         scheme = "https" if ssl_context else "http"
@@ -241,6 +245,10 @@ async def _start_kafka(
     kafka, host, port = await start_kafka_listener(
         app[COORDINATOR], config, ssl_context, auth, sock
     )
+    if config.cluster is None and host in WILDCARD_HOSTS:
+        # Its FindCoordinator names this node at the bound address, which a wildcard
+        # is not: the advertised host stands in, with the Kafka listener's port.
+        kafka.api.advertised = (advertised_host(config.advertised_listener), port)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     log_event(_log, "info", "kafka listening", address=address, tls=ssl_context is not None)
     if config.log_format == "json":

@@ -506,14 +506,32 @@ async def handle_healthz(request: web.Request) -> web.StreamResponse:
     return web.json_response({"status": "ok"})
 
 
+class FailedPartition(msgspec.Struct):
+    partition: int
+    error: str
+
+
+class ReadinessReport(Readiness):
+    """``GET /readyz``, with why each failed partition failed (a partition this node
+    may not serve from its data directory says so here too)."""
+
+    failures: list[FailedPartition] = msgspec.field(default_factory=list)
+
+
 async def handle_readyz(request: web.Request) -> web.StreamResponse:
     coordinator = request.app[COORDINATOR]
     service = coordinator.service
     loading = service is None or service.loading()
-    failed = [] if service is None else service.failed_partitions()
-    return web.json_response(
-        {"status": "loading" if loading else "ready", "failed_partitions": failed},
+    failures = [] if service is None else service.failures()
+    report = ReadinessReport(
+        "loading" if loading else "ready",
+        [partition for partition, _ in failures],
+        [FailedPartition(partition, error) for partition, error in failures],
+    )
+    return web.Response(
+        body=msgspec.json.encode(report),
         status=503 if loading else 200,
+        content_type="application/json",
     )
 
 
@@ -538,6 +556,8 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         segment_bytes=config.segment_bytes,
         journal_segment_bytes=config.journal_segment_bytes,
         fs=coordinator.fs,
+        # Only what this node owns and may serve (docs/operations.md#moving-a-state-partition).
+        assignment=coordinator.cluster.assignment(config.node_id),
     )
     coordinator.log = log
     try:
@@ -795,8 +815,12 @@ ROUTES: tuple[Route, ...] = (
         operation_id="readyz",
         summary="Readiness: 503 while a state partition this node owns is loading, then 200.",
         answers=(
-            Answer(200, "Ready; failed partitions (they answer 15) are listed.", Readiness),
-            Answer(503, "Still loading.", Readiness),
+            Answer(
+                200,
+                "Ready; failed partitions (they answer 15) are listed, with why.",
+                ReadinessReport,
+            ),
+            Answer(503, "Still loading.", ReadinessReport),
         ),
     ),
     Route(

@@ -123,7 +123,7 @@ FIELD_VALUES: dict[tuple[str, str], dict[str, Any]] = {
     ("TopicDeleted", "error_code"): {"const": errors.NONE},
     ("PartitionStatus", "status"): {"enum": [status.value for status in Status]},
     # handle_readyz and handle_healthz answer with these words.
-    ("Readiness", "status"): {"enum": ["loading", "ready"]},
+    ("ReadinessReport", "status"): {"enum": ["loading", "ready"]},
     ("Health", "status"): {"const": "ok"},
 }
 

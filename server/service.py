@@ -404,6 +404,14 @@ class CoordinatorService:
     def failed_partitions(self) -> list[int]:
         return sorted(p for p, r in self.runtimes.items() if r.status is Status.FAILED)
 
+    def failures(self) -> list[tuple[int, str]]:
+        """The failed partitions, each with why."""
+        return [
+            (p, r.error or "failed")
+            for p, r in sorted(self.runtimes.items())
+            if r.status is Status.FAILED
+        ]
+
     # --- periodic jobs ----------------------------------------------------------------
 
     def start_jobs(self) -> None:

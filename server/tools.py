@@ -164,10 +164,16 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     damaged = not report.ok
     damaged_partitions: list[int] = []
     records = 0
+    elsewhere = 0
     for result in report.partitions:
-        replay_problem = None
+        if result.absent is not None:  # another node's, by the data directory's records
+            elsewhere += 1
+            kept = "".join(f" ({note})" for note in result.notes)
+            out.write(f"partition {result.partition}: {result.absent}{kept}\n")
+            continue
+        unreplayable = None
         if result.ok:
-            replay_problem = _replay_problem(partition_dir(data_dir, result.partition))
+            unreplayable = replay_problem(partition_dir(data_dir, result.partition))
         notes = list(result.notes)
         if result.tail is not None:
             notes.append(f"incomplete tail: {result.tail}")
@@ -177,10 +183,10 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
             damaged_partitions.append(result.partition)
             for damage in result.damage:
                 out.write(f"partition {result.partition}: DAMAGED {damage}\n")
-        elif replay_problem is not None:
+        elif unreplayable is not None:
             damaged = True
             damaged_partitions.append(result.partition)
-            out.write(f"partition {result.partition}: DOES NOT REPLAY {replay_problem}\n")
+            out.write(f"partition {result.partition}: DOES NOT REPLAY {unreplayable}\n")
         else:
             span = (
                 "empty"
@@ -195,7 +201,11 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     for note in report.notes:
         out.write(f"note: {note}\n")
     verdict = "DAMAGED" if damaged else "ok"
-    out.write(f"{verdict}: {len(report.partitions)} partitions, {records} records in {data_dir}\n")
+    others = f" ({elsewhere} of them held by other nodes)" if elsewhere else ""
+    out.write(
+        f"{verdict}: {len(report.partitions)} partitions{others}, {records} records in "
+        f"{data_dir}\n"
+    )
     if damaged:
         # One line: what the daemon does, where to look, and where the repair is explained.
         which = str(damaged_partitions[0]) if len(damaged_partitions) == 1 else "P"
@@ -208,7 +218,8 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     return EXIT_FAILURE if damaged else EXIT_OK
 
 
-def _replay_problem(directory: str) -> str | None:
+def replay_problem(directory: str) -> str | None:
+    """Why the records of a partition directory do not replay, or None."""
     state = ShareStateMap(records_per_snapshot=500)
     decoder = RecordDecoder()
     offset = None

@@ -44,7 +44,15 @@ def project() -> dict[str, Any]:
 
 def test_the_core_install_is_the_daemon_s_dependencies(project: dict[str, Any]) -> None:
     core = names(project["dependencies"])
-    assert core == {"aiohttp", "msgpack", "msgspec", "sortedcontainers", "uvloop", "tomli"}
+    assert core == {
+        "aiohttp",
+        "msgpack",
+        "msgspec",
+        "prometheus-client",
+        "sortedcontainers",
+        "uvloop",
+        "tomli",
+    }
     assert not core & NOT_FOR_THE_DAEMON
     extras = project["optional-dependencies"]
     # pyarrow: the data source hands Arrow batches to the JVM; the history is Parquet.

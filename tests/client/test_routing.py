@@ -23,6 +23,7 @@ from protocol.routing import partition_for
 from protocol.topic_id import canonical_topic_id
 from tests.client.conftest import TOPIC, entry_results, request_ended
 from tests.client.daemons import Daemon, cluster_file, free_ports
+from tests.server.daemons import run_cli
 
 NUM_PARTITIONS = 50
 HALVES = ("0-24", "25-49")
@@ -55,10 +56,16 @@ def start_cluster(
 
 
 def restart_cluster(nodes: list[Daemon], directory: Path, ranges: Sequence[str]) -> None:
-    """Stop both nodes, hand the state partitions out anew, start them where they were."""
+    """Stop both nodes, hand the state partitions out anew, start them where they were.
+    The partitions change hands without their state (nobody wrote any): each node adopts
+    its new ones, or it would refuse them (docs/operations.md#moving-a-state-partition)."""
     for node in nodes:
         node.stop()
     cluster_file(directory / "cluster.toml", [n.port for n in nodes], ranges, NUM_PARTITIONS)
+    for node, owned in zip(nodes, ranges, strict=True):
+        args = ("partition", "adopt", "--data-dir", str(node.data_dir), "--partition", owned)
+        done = run_cli(*args)
+        assert done.returncode == 0, done.stderr
     for node in nodes:
         node.start(wait_ready=False)
     for node in nodes:

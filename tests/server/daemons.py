@@ -446,12 +446,18 @@ class Api:
 
 
 def metric_value(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in Prometheus text (0 if it is not there)."""
-    wanted = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    head = f"{name}{{{wanted}}}" if labels else name
+    """The value of the sample ``name`` with exactly these labels in Prometheus text (0
+    if it is not there). The format does not order a sample's labels: any order matches."""
     for line in text.splitlines():
-        if line.startswith(head + " "):
-            return float(line.rsplit(" ", 1)[1])
+        if line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        sample, _, label_text = head.partition("{")
+        if sample != name:
+            continue
+        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', label_text))
+        if found == labels:
+            return float(value)
     return 0.0
 
 

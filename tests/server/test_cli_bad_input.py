@@ -5,8 +5,10 @@ Each row runs a real ``sharecoord`` process (``python -m server.cli``). Placehol
 the arguments: ``{file}`` a regular file, ``{dir}`` a directory, ``{data}`` a valid data
 directory, ``{odd}`` a directory whose ``meta`` is a directory, ``{missing}`` a path
 that does not exist, ``{bad_toml}``, ``{latin1_toml}``,
-``{typo_toml}``, ``{huge_cluster}`` config and cluster files, ``{refused}`` a local
-port nobody listens on, ``{silent}`` one that accepts connections and never answers.
+``{typo_toml}``, ``{huge_cluster}``, ``{cluster}`` config and cluster files (the last
+one names node 0 at 127.0.0.1:9095), ``{owned}`` a data directory of node 0, ``{locked}``
+one whose lock is held, ``{refused}`` a local port nobody listens on, ``{silent}`` one
+that accepts connections and never answers.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import Any
 import pytest
 
 from persistence import StateLog
+from persistence.ownership import Assignment
 from tests.server.daemons import REPO_ROOT, TOPIC, child_env
 
 # A safety net: every row finishes in well under a second when the checks come first.
@@ -141,6 +144,146 @@ ROWS = [
         "serve --data-dir {dir}/s --listen 127.0.0.1:0 --scram-credentials-file {bad_toml}",
         2,
         "SCRAM credentials file",
+    ),
+    row(
+        "serve-listen-port-not-the-cluster-files",
+        "serve --cluster {cluster} --partitions 2 --listen 127.0.0.1:9096",
+        2,
+        "listen",
+        "has port 9096",
+        "127.0.0.1:9095",
+    ),
+    row(
+        "serve-advertised-listener-not-the-cluster-files",
+        "serve --cluster {cluster} --partitions 2 --advertised-listener other:9095",
+        2,
+        "advertised_listener",
+        "disagrees",
+    ),
+    row("serve-advertised-listener-unparsable", "serve --advertised-listener nope", 2, "HOST:PORT"),
+    row(
+        "serve-advertised-listener-wildcard",
+        "serve --advertised-listener 0.0.0.0:9095",
+        2,
+        "advertised_listener",
+        "not an address a client can connect to",
+    ),
+    row(
+        "serve-advertised-listener-port-zero",
+        "serve --advertised-listener coord:0",
+        2,
+        "advertised_listener",
+        "1..65535",
+    ),
+    row(
+        "serve-data-dir-of-another-node",
+        "serve --data-dir {owned} --partitions 2 --node-id 3 --listen 127.0.0.1:0",
+        1,
+        "data directory of node 0",
+        "--node-id 0",
+    ),
+    # --- partition export / import / adopt
+    row("partition-without-subcommand", "partition", 2, "export, import or adopt"),
+    row(
+        "export-partition-required",
+        "partition export --data-dir {data} --out {dir}/x",
+        2,
+        "--partition is required",
+    ),
+    row("export-out-required", "partition export --data-dir {data} --partition 0", 2, "--out"),
+    row(
+        "export-data-dir-missing",
+        "partition export --data-dir {missing} --partition 0 --out {dir}/x",
+        2,
+        "not a directory",
+    ),
+    row(
+        "export-not-a-data-dir",
+        "partition export --data-dir {dir} --partition 0 --out {dir}/x",
+        2,
+        "not a sharecoord data directory",
+    ),
+    row(
+        "export-meta-unreadable",
+        "partition export --data-dir {odd} --partition 0 --out {dir}/x",
+        2,
+        "is a directory",
+    ),
+    row(
+        "export-partition-past-the-end",
+        "partition export --data-dir {data} --partition 9 --out {dir}/x",
+        2,
+        "0..1",
+    ),
+    row(
+        "export-out-not-empty",
+        "partition export --data-dir {data} --partition 0 --out {file}",
+        2,
+        "--out",
+        "not an empty directory",
+    ),
+    row(
+        "export-out-under-nothing",
+        "partition export --data-dir {data} --partition 0 --out {missing}/x",
+        2,
+        "--out",
+        "is not a directory",
+    ),
+    row(
+        "export-locked",
+        "partition export --data-dir {locked} --partition 0 --out {dir}/x",
+        1,
+        "in use",
+        "LOCK",
+    ),
+    row("import-from-required", "partition import --data-dir {dir}/t", 2, "--from is required"),
+    row(
+        "import-from-missing",
+        "partition import --data-dir {dir}/t --from {missing}",
+        2,
+        "--from",
+        "not a directory",
+    ),
+    row(
+        "import-from-not-an-export",
+        "partition import --data-dir {dir}/t --from {dir}",
+        2,
+        "not a partition export",
+        "EXPORT",
+    ),
+    row(
+        "import-node-id-negative",
+        "partition import --from {dir} --node-id -1",
+        2,
+        "node_id",
+        "between 0 and",
+    ),
+    row("adopt-partition-required", "partition adopt --data-dir {data}", 2, "--partition"),
+    row(
+        "adopt-partition-list-malformed",
+        "partition adopt --data-dir {data} --partition 3-",
+        2,
+        "partition",
+        "3,5-7",
+    ),
+    row(
+        "adopt-partition-past-the-end",
+        "partition adopt --data-dir {data} --partition 0-5 --node-id 0",
+        2,
+        "0..1",
+    ),
+    row(
+        "adopt-needs-a-node-id",
+        "partition adopt --data-dir {data} --partition 0",
+        2,
+        "does not record its node",
+        "--node-id",
+    ),
+    row(
+        "adopt-node-id-of-another-node",
+        "partition adopt --data-dir {owned} --partition 0 --node-id 3",
+        2,
+        "data directory of node 0",
     ),
     # --- scram
     row("scram-without-subcommand", "scram", 2, "sharecoord scram:", "add or remove"),
@@ -320,6 +463,12 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         'partitions = ["0-99999999"]\n'
     )
     StateLog.open(str(root / "data"), 2).close()
+    StateLog.open(str(root / "owned"), 2, assignment=Assignment(0, "fp", (0, 0))).close()
+    locked = StateLog.open(str(root / "locked"), 2)  # held until the module is done
+    (root / "cluster.toml").write_text(
+        'num_partitions = 2\n[[node]]\nid = 0\nhost = "127.0.0.1"\nport = 9095\n'
+        'partitions = ["0-1"]\n'
+    )
     (root / "odd" / "meta").mkdir(parents=True)
     with socket.socket() as refused, socket.socket() as silent:
         refused.bind(("127.0.0.1", 0))  # bound, never listening: connections are refused
@@ -335,9 +484,13 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             "latin1_toml": str(root / "latin1.toml"),
             "typo_toml": str(root / "typo.toml"),
             "huge_cluster": str(root / "huge.toml"),
+            "cluster": str(root / "cluster.toml"),
+            "owned": str(root / "owned"),
+            "locked": str(root / "locked"),
             "refused": str(refused.getsockname()[1]),
             "silent": str(silent.getsockname()[1]),
         }
+    locked.close()
 
 
 def run(r: Row, places: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
@@ -379,10 +532,12 @@ def test_bad_input_is_one_line_and_the_documented_exit_code(r: Row, places: dict
 
 def test_the_table_covers_every_command() -> None:
     def command(r: Row) -> str:
-        return " ".join(r.args[:2]) if r.args[0] in ("log", "state") else r.args[0]
+        grouped = r.args[0] in ("log", "state", "partition") and len(r.args) > 1
+        return " ".join(r.args[:2]) if grouped else r.args[0]
 
     covered = {command(r) for r in ROWS if r.args}
     assert {"serve", "compact", "audit", "log dump", "log verify", "state get"} <= covered
+    assert {"partition export", "partition import", "partition adopt"} <= covered
 
 
 def test_the_line_is_json_when_json_logs_were_asked_for(places: dict[str, str]) -> None:

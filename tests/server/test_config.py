@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import socket
 import textwrap
 from pathlib import Path
 
@@ -448,6 +449,52 @@ def test_broken_cluster_file_is_a_config_error_naming_it(tmp_path):
     cluster = config_file(tmp_path, "num_partitions = 4")
     with pytest.raises(ConfigError, match=r"cluster \(from flag --cluster\): cluster file .*toml"):
         load_serve_config(parse_args("--cluster", cluster), {})
+
+
+def test_a_listen_port_other_than_the_cluster_files_is_refused(tmp_path):
+    cluster = config_file(tmp_path, CLUSTER)
+    args = parse_args("--cluster", cluster, "--partitions", "4", "--node-id", "2")
+    args.listen = "0.0.0.0:9096"
+    with pytest.raises(ConfigError) as refused:
+        load_serve_config(args, {})
+    message = str(refused.value)
+    assert "listen (from flag --listen) has port 9096" in message
+    assert "node 2 is reached at b:9095" in message
+    assert "--listen HOST:9095" in message
+
+
+def test_behind_a_port_mapping_the_advertised_listener_names_the_cluster_entry(tmp_path):
+    cluster = config_file(tmp_path, CLUSTER)
+    args = parse_args("--cluster", cluster, "--partitions", "4", "--node-id", "2")
+    args.listen = "0.0.0.0:8000"
+    args.advertised_listener = "b:9095"
+    assert load_serve_config(args, {}).cluster_map.node(2).port == 9095
+    args.advertised_listener = "c:9095"
+    with pytest.raises(ConfigError, match=r"c:9095 disagrees with node 2's entry b:9095"):
+        load_serve_config(args, {})
+
+
+def test_a_wildcard_listen_host_is_advertised_by_this_machines_name():
+    config = load_serve_config(parse_args("--listen", "0.0.0.0:9000"), {})
+    assert config.cluster_map.nodes[0].host == socket.gethostname()
+    assert config.cluster_map.nodes[0].port == 9000
+    config = load_serve_config(parse_args("--listen", "[::]:9000"), {})
+    assert config.cluster_map.nodes[0].host == socket.gethostname()
+
+
+def test_the_advertised_listener_is_what_a_single_node_advertises():
+    args = parse_args("--listen", "0.0.0.0:9000", "--advertised-listener", "coord.example:19095")
+    config = load_serve_config(args, {})
+    assert (config.cluster_map.nodes[0].host, config.cluster_map.nodes[0].port) == (
+        "coord.example",
+        19095,
+    )
+
+
+@pytest.mark.parametrize("bad", ["0.0.0.0:9095", "[::]:9095", "coord:0", "nope"])
+def test_an_advertised_listener_must_be_connectable(bad):
+    with pytest.raises(ConfigError, match="advertised_listener"):
+        load_serve_config(parse_args("--advertised-listener", bad), {})
 
 
 def test_no_cluster_file_means_this_node_alone_at_the_listen_address():

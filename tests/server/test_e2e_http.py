@@ -391,7 +391,7 @@ async def test_healthz_and_readyz(serve):
     assert health.status == 200
     ready = await api.readyz()
     assert ready.status == 200
-    assert ready.body == {"status": "ready", "failed_partitions": []}
+    assert ready.body == {"status": "ready", "failed_partitions": [], "failures": []}
 
 
 async def test_metrics_are_prometheus_text_and_move_with_a_write(serve, fmt):

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.kafka_client import KafkaClient, kafka_address, message_class, schema, share_request
 from tests.server.daemons import (
@@ -31,6 +32,7 @@ from tests.server.daemons import (
     read_entry,
     write_entry,
 )
+from tests.server.test_metrics import FAMILIES
 
 WORKED_EXAMPLE = Path(__file__).resolve().parents[1] / "data" / "kip932-worked-example.json"
 
@@ -316,6 +318,13 @@ async def test_metrics_count_kafka_requests_by_api_version_and_outcome(kafka, se
     assert (
         metric_value(text, "sharecoord_partition_results_total", rpc="write", error_code="0") == 1
     )
+    # A running daemon's page, HTTP and Kafka families alike, parses with
+    # prometheus_client's own parser and names every family the daemon ever exported.
+    exported = {
+        family.name + ("_total" if family.type == "counter" else ""): family.type
+        for family in text_string_to_metric_families(text)
+    }
+    assert exported == {name: kind for name, (kind, _) in FAMILIES.items()}
 
 
 async def test_idle_and_slow_connections_are_cut(spawn, tmp_path):
@@ -347,3 +356,24 @@ async def test_a_client_that_half_closes_gets_every_answer_then_eof(kafka):
         assert int(answer.results[0].partitions[0].error_code) == 0
     assert await client.reader.read() == b""
     await client.close()
+
+
+async def test_a_wildcard_kafka_listener_is_advertised_by_the_advertised_host(spawn, tmp_path):
+    """FindCoordinator of a node alone names its Kafka listener's port at an address a
+    client can connect to: the --advertised-listener's host, not 0.0.0.0."""
+    daemon = await spawn(
+        tmp_path / "data",
+        "--kafka-listener",
+        "0.0.0.0:0",
+        "--advertised-listener",
+        "coord.example:19095",
+    )
+    _, port = kafka_address(daemon.stdout_lines)
+    client = await KafkaClient.connect("127.0.0.1", port)
+    key = f"g:{TOPIC}:0"
+    try:
+        fc6 = message_class("find_coordinator", 6, "request")
+        (found,) = (await client.send(fc6(key_type=2, coordinator_keys=(key,)))).coordinators
+        assert (found.host, found.port, int(found.error_code)) == ("coord.example", port, 0)
+    finally:
+        await client.close()

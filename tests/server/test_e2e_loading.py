@@ -122,7 +122,7 @@ async def start_while_loading(
         api = Api(session, daemon.url)
         ready = await api.readyz()
         if ready.status == 503:
-            assert ready.body == {"status": "loading", "failed_partitions": []}
+            assert ready.body == {"status": "loading", "failed_partitions": [], "failures": []}
             return daemon, log, api, session, updates
         await session.close()
         assert await asyncio.to_thread(daemon.terminate) == 0
@@ -210,7 +210,8 @@ async def test_a_loading_partition_answers_14_and_readyz_503_until_loaded(spawn,
                 assert status["status"] == "loading"
             await api.wait_ready()
             ready = await api.readyz()
-            assert (ready.status, ready.body) == (200, {"status": "ready", "failed_partitions": []})
+            ready_body = {"status": "ready", "failed_partitions": [], "failures": []}
+            assert (ready.status, ready.body) == (200, ready_body)
             # Loaded: the state is exactly what the log says, and the partition serves.
             # (Any 14 above changed nothing.)
             for partition, expected in log.expected.items():
