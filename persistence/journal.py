@@ -443,9 +443,13 @@ def next_free_lsn(fs: FileOps, directory: str) -> int:
 class Journal:
     """Appends records (in the commit thread) to pre-created segments.
 
-    After a failed write or fdatasync the segment is never written again: the failed
-    record is cut off as far as the disk lets us, and the next record goes to a fresh
-    segment (so a record the cycle reported as failed cannot sit between good ones)."""
+    After a failed write or fdatasync the segment is never appended to again: the
+    failed record is erased (zeroed and synced) and the next record goes to a fresh
+    segment. No record is written while a failed one is not erased yet (each append
+    tries again first, and fails while the disk does): a failed record never sits
+    between good ones, where a reader would take it for damage in the middle, or for
+    records that were answered 15. Until it is erased, ``is_void`` names it for the
+    readers of a running journal."""
 
     def __init__(self, fs: FileOps, directory: str, start_lsn: int, segment_bytes: int) -> None:
         if segment_bytes < RECORD_HEAD.size:
@@ -462,6 +466,8 @@ class Journal:
         # one (the commit thread) must not race on the same file.
         self._segments_lock = threading.Lock()
         self.bytes_written = 0  # since open: what the checkpoint cadence looks at
+        # A failed record still on disk: (segment base, position, length).
+        self._unerased: tuple[int, int, int] | None = None
 
     @classmethod
     def start(
@@ -497,7 +503,10 @@ class Journal:
 
     def append(self, entries: Sequence[EntryFrames]) -> JournalRecord:
         """Write one record and fdatasync it: when this returns, the record is durable.
-        Raises OSError (the record is not durable, and the segment is done for)."""
+        Raises OSError (the record is not durable, and the segment is done for), also
+        before writing anything while an earlier failed record cannot be erased."""
+        if self._unerased is not None:
+            self._erase()
         size = record_size(entries)
         if self._fd is None or self._position + size > self._capacity:
             self._roll(size)
@@ -530,16 +539,43 @@ class Journal:
             self._use(base, capacity)
 
     def _abandon_segment(self, size: int) -> None:
-        """After a failed write or fsync: zero what the record may have put down (a
-        best effort: the disk just failed us), and move on to a fresh segment."""
-        fd, position = self._fd, self._position
-        if fd is not None:
-            try:
-                self._fs.pwrite_all(fd, bytes(min(size, self._capacity - position)), position)
-            except OSError:
-                _log.error("%s: could not zero a failed journal record", self.directory)
-        # The next append rolls: the rest of this segment stays unused.
+        """After a failed write or fsync: erase what the record may have put down, and
+        move on to a fresh segment (the next append rolls; the rest of this segment
+        stays unused). If the disk refuses the erasure too, every append tries it again
+        first (class docstring)."""
+        self._unerased = (self._base, self._position, min(size, self._capacity - self._position))
         self._position = self._capacity
+        try:
+            self._erase()
+        except OSError as exc:
+            _log.error(
+                "%s: could not erase a failed journal record (%s): no record is written "
+                "until it is",
+                self.directory,
+                exc,
+            )
+
+    def _erase(self) -> None:
+        assert self._unerased is not None
+        base, position, length = self._unerased
+        try:
+            fd = self._fs.open(segment_file(self.directory, base), os.O_WRONLY)
+        except FileNotFoundError:
+            self._unerased = None  # a checkpoint deleted the segment: gone with it
+            return
+        try:
+            self._fs.pwrite_all(fd, bytes(length), position)
+            self._fs.fdatasync(fd)
+        finally:
+            self._fs.close(fd)
+        self._unerased = None
+        _log.info("%s: failed record at LSN %d erased", self.directory, base + position)
+
+    def is_void(self, lsn: int) -> bool:
+        """Whether the record at ``lsn`` is a failed one not erased yet (its write may
+        have landed whole; its entries were answered 15): readers must skip it."""
+        unerased = self._unerased
+        return unerased is not None and lsn == unerased[0] + unerased[1]
 
     def delete_below(self, lsn: int) -> list[str]:
         """Delete the segments whose every byte lies below ``lsn``."""

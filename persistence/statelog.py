@@ -207,10 +207,12 @@ class StateLog:
             # it saw records in are the ones that had state here.
             checkpoint = read_checkpoint(self.fs, self.journal_dir)
             had_records = {p for p, c in checkpoint.partitions.items() if c.next_offset > 0}
-            refused = settle(self.fs, self.data_dir, assignment, had_records)
+            refused, undecided = settle(self.fs, self.data_dir, assignment, had_records)
             opened = set(assignment.owned()) - refused.keys()
             for p, reason in refused.items():
                 self._partitions[p].refuse_open(PartitionOwnershipError(p, reason))
+            for p, check in undecided.items():
+                self._partitions[p].check_before_open(check)
             elsewhere = everything - assignment.owned()
             for p in elsewhere:
                 owner = assignment.owners[p]
@@ -252,13 +254,13 @@ class StateLog:
                 if pending:
                     self._finish_or_hold(p, synced, pending, node, caught_up)
                 continue
-            owner = foreign_owner(fs, log.partition_dir, node)
-            if pending and owner is not None:
-                # This journal's frames were written for this node's directory, never
-                # for one another node made: they stay in the journal.
-                self._hold(p, f"its directory is node {owner}'s")
-                continue
             try:
+                owner = foreign_owner(fs, log.partition_dir, node) if pending else None
+                if owner is not None:
+                    # This journal's frames were written for this node's directory, never
+                    # for one another node made: they stay in the journal.
+                    self._hold(p, f"its directory is node {owner}'s")
+                    continue
                 caught_up[p] = catch_up(fs, log.partition_dir, synced, pending).position
             except (LogCorruptionError, OSError) as exc:
                 log.refuse_open(exc)
@@ -290,11 +292,11 @@ class StateLog:
         if not self.fs.exists(directory):
             self._hold(p, "its directory is not here")
             return
-        owner = foreign_owner(self.fs, directory, node)
-        if owner is not None:
-            self._hold(p, f"its directory is node {owner}'s")
-            return
         try:
+            owner = foreign_owner(self.fs, directory, node)
+            if owner is not None:
+                self._hold(p, f"its directory is node {owner}'s")
+                return
             caught_up[p] = catch_up(self.fs, directory, synced, pending).position
         except (LogCorruptionError, OSError) as exc:
             self._hold(p, str(exc))
@@ -327,6 +329,9 @@ class StateLog:
         entry = self.checkpoint.partitions.get(partition)
         lsn = 0 if entry is None else entry.lsn
         records = scan_journal(self.fs, self.journal_dir, lsn, live=True).records
+        journal = self.journal
+        if journal is not None:
+            records = [r for r in records if not journal.is_void(r.lsn)]
         return list(entries_of(records, partition, lsn))
 
     def take_checkpoint(self, lsn: int, written: set[int]) -> dict[int, BaseException]:

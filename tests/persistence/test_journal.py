@@ -200,3 +200,43 @@ def test_the_checkpoint_round_trips_and_a_missing_or_bad_one_is_an_error(directo
     os.unlink(os.path.join(directory, "CHECKPOINT"))
     with pytest.raises(LogError, match="is missing"):
         read_checkpoint(FS, directory)
+
+
+class FailingDisk(FileOps):
+    """fdatasync fails while `broken`; so does every write after the first failure
+    (the record lands whole, its fsync fails, and the disk refuses its erasure)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.broken = False
+        self.failed = False
+
+    def fdatasync(self, fd: int) -> None:
+        if self.broken:
+            self.failed = True
+            raise OSError(5, "Input/output error (test)")
+        super().fdatasync(fd)
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int) -> int:
+        if self.broken and self.failed:
+            raise OSError(5, "Input/output error (test)")
+        return super().pwrite(fd, data, offset)
+
+
+def test_no_record_follows_a_failed_one_until_it_is_erased(directory: str) -> None:
+    disk = FailingDisk()
+    journal = Journal(disk, directory, 0, SEGMENT)
+    good = write(journal, 2)
+    disk.broken = True
+    with pytest.raises(OSError):
+        journal.append([(0, 2, 1, frames(2))])  # lands whole; its fsync fails
+    void = scan_journal(FS, directory, 0, live=True).records[-1].lsn
+    assert void not in good and journal.is_void(void)  # a reader would see it: skip it
+    with pytest.raises(OSError):
+        journal.append([(0, 2, 1, frames(3))])  # not written: the failed one is still there
+    assert [r.lsn for r in scan_journal(FS, directory, 0).records] == [*good, void]
+    disk.broken = False
+    after = journal.append([(0, 2, 1, frames(4))]).lsn  # erases first, then a fresh segment
+    assert not journal.is_void(void)
+    assert after >= SEGMENT
+    assert [r.lsn for r in scan_journal(FS, directory, 0).records] == [*good, after]
