@@ -23,7 +23,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from persistence import LogRecord, PartitionLog
+from persistence import LogRecord, PartitionFailedError, PartitionLog
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
 from protocol.messages import AnyPartitionResult, Rpc
 from protocol.records import (
@@ -179,7 +179,14 @@ class PartitionRuntime:
 
         The result may reveal state that is not durable yet: answer it only once the
         group commit covered ``pending_offset()`` as it is after this call.
+
+        Raises PartitionFailedError once the log's last commit failed: the shard may
+        still hold what that commit lost (the runtime reloads when it hears), and even
+        an error answer must not rest on it.
         """
+        failure = self.log.failure
+        if failure is not None:
+            raise PartitionFailedError(self.partition, failure)
         record, result = _OPERATIONS[rpc](self.shard, key, entry)
         if rpc is Rpc.WRITE:
             # Kafka's write-total: every write a shard handles, and leader-epoch reads.
