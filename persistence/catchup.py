@@ -66,10 +66,19 @@ def catch_up(
     """Steps 1-4 of the module docstring. Raises LogCorruptionError for damage."""
     pending = list(entries)
     unchanged = (synced.segment, synced.size, synced.next_offset)
-    files = list_log_files(fs, partition_dir) if fs.exists(partition_dir) else []
     if not pending:
-        position = unchanged if not files else _files_position(fs, files[-1], synced)
+        try:
+            files = list_log_files(fs, partition_dir) if fs.exists(partition_dir) else []
+            position = unchanged if not files else _files_position(fs, files[-1], synced)
+        except OSError as exc:
+            # Nothing to lay from the journal, so nothing is at stake here: opening the
+            # partition meets the disk error again and retries until the disk works.
+            _log.warning(
+                "%s: files not read (%s); the checkpoint's position stands", partition_dir, exc
+            )
+            position = unchanged
         return CatchUpReport(partition_dir, None, 0, None, 0, position)
+    files = list_log_files(fs, partition_dir)
     if not files:
         raise LogCorruptionError(partition_dir, 0, "the partition has no segment")
     base, path = files[-1]

@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -207,12 +207,15 @@ def create_fresh(fs: FileOps, data_dir: str, current: Assignment) -> None:
 
 def settle(
     fs: FileOps, data_dir: str, current: Assignment, checkpointed: Collection[int]
-) -> dict[int, str]:
+) -> tuple[dict[int, str], dict[int, Callable[[], None]]]:
     """Decide, for every partition ``current`` gives this node, whether it may serve it
     from this data directory; create the ones that are new here and migrate the ones an
-    older version made. Returns the refused partitions with the reason; records the
-    assignment in DATA/ASSIGNMENT. ``checkpointed``: the partitions DATA/journal's
-    CHECKPOINT shows records of (a record that they had state here).
+    older version made. Returns the refused partitions with the reason, and the
+    partitions a disk error kept from deciding, each with the check to run when it
+    opens (it raises PartitionOwnershipError, or the disk error again, which the loader
+    retries like any); records the assignment in DATA/ASSIGNMENT. ``checkpointed``: the
+    partitions DATA/journal's CHECKPOINT shows records of (a record that they had state
+    here).
 
     Raises DataDirectoryOwnerError if the data directory is another node's."""
     last = read_assignment(fs, data_dir)
@@ -229,21 +232,35 @@ def settle(
             f"not {len(current.owners)}"
         )
     refused: dict[int, str] = {}
+    undecided: dict[int, Callable[[], None]] = {}
     stamp = Owner(node, current.fingerprint, "created", now_ms())
     for partition in sorted(current.owned()):
         previous = None if last is None else last.owners[partition]
-        reason = _decide(fs, data_dir, partition, node, previous, partition in checkpointed, stamp)
-        if reason is not None:
-            refused[partition] = reason
-            _log.error("state partition %d refused: %s", partition, reason)
+
+        def decide(partition: int = partition, previous: int | None = previous) -> None:
+            reason = _decide(
+                fs, data_dir, partition, node, previous, partition in checkpointed, stamp
+            )
+            if reason is not None:
+                raise PartitionOwnershipError(partition, reason)
+
+        try:
+            decide()
+        except PartitionOwnershipError as exc:
+            refused[partition] = exc.reason
+            _log.error("state partition %d refused: %s", partition, exc.reason)
+        except OSError as exc:
+            undecided[partition] = decide
+            _log.warning("state partition %d: ownership decided when it opens: %s", partition, exc)
     # What the record says next time: the new owners, except where this node refused a
-    # partition (the old owner still holds its state, as far as this node knows).
+    # partition or could not decide (the old owner still holds its state, as far as this
+    # node knows).
     owners = list(current.owners)
-    for partition in refused:
+    for partition in [*refused, *undecided]:
         owners[partition] = node if last is None else last.owners[partition]
     _warn_about_moves(fs, data_dir, current, last)
     write_assignment(fs, data_dir, replace(current, owners=tuple(owners)))
-    return refused
+    return refused, undecided
 
 
 def _decide(

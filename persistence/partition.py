@@ -134,6 +134,7 @@ class PartitionLog:
         self._journal = journal
         self._synced = (0, 0, 0)
         self._refusal: BaseException | None = None
+        self._check: Callable[[], None] | None = None
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.partition}, {self.partition_dir!r})"
@@ -191,11 +192,19 @@ class PartitionLog:
                 raise LogError(f"{self!r} is already open")
             if self._refusal is not None:
                 raise self._refusal
+            if self._check is not None:
+                self._check()  # raises until it passes; then never again
+                self._check = None
             return self._recover(on_record)
 
     def refuse_open(self, cause: BaseException) -> None:
         """Opening must fail with `cause` (it could not catch up with the journal)."""
         self._refusal = cause
+
+    def check_before_open(self, check: Callable[[], None]) -> None:
+        """Opening runs `check` first, and fails with what it raises (a decision a disk
+        error kept from being made when the log opened: the loader's retries run it)."""
+        self._check = check
 
     def _recover(self, on_record: Callable[[LogRecord], None] | None) -> RecoveryReport:
         """Finish half-done swaps, verify every frame of every segment, cut a torn tail of

@@ -9,6 +9,7 @@ creates, serves, refuses and keeps in CHECKPOINT and the journal."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ import pytest
 from log_helpers import append_records, write_records
 
 from persistence import (
+    FileOps,
     GroupCommitter,
     LogError,
     LogRecord,
@@ -143,6 +145,38 @@ def test_a_directory_another_node_created_is_refused(data_dir, tmp_path):
     message = refusal(log, 1)
     assert "was created by node 1, not by this node" in message
     log.close()
+
+
+class OwnerUnreadable(FileOps):
+    """Partition 1's OWNER fails to open with EIO while `broken` is set."""
+
+    broken = True
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        if self.broken and path.endswith(os.path.join("partitions", "1", "OWNER")):
+            raise OSError(errno.EIO, "Input/output error (test)", path)
+        return super().open(path, flags, mode)
+
+
+def test_an_owner_a_disk_error_hid_at_start_is_judged_when_the_partition_opens(
+    data_dir, tmp_path
+):
+    other = str(tmp_path / "other")
+    open_as(other, node=1).close()
+    open_as(data_dir).close()
+    shutil.rmtree(partition_dir(data_dir, 1))
+    shutil.copytree(partition_dir(other, 2), partition_dir(data_dir, 1))  # by hand
+    fs = OwnerUnreadable()
+    log = StateLog.open(data_dir, N, assignment=assignment(), fs=fs)
+    try:
+        with pytest.raises(OSError, match="Input/output error"):
+            log.partition(1).open()  # the loader retries this
+        log.partition(0).open()  # the others serve
+        fs.broken = False
+        assert "was created by node 1, not by this node" in refusal(log, 1)
+    finally:
+        fs.broken = False
+        log.close()
 
 
 def test_a_missing_partition_this_node_held_is_refused_not_recreated(data_dir):
