@@ -120,6 +120,7 @@ def compact_scenarios(work: Path, quick: bool) -> list[dict[str, Any]]:
             "--history-retention-ms", "-1",
         )  # fmt: skip
         summary = next((line for line in out.splitlines() if line.startswith("compaction: ")), "")
+        summary = summary.replace(f" to {copy / 'history'}", "")  # no temporary path in the report
         match = re.search(r"records (\d+) ->", summary)
         compacted = int(match.group(1)) if match else built.records
         target = COMPACT_TARGET_S.get(size)

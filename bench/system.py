@@ -194,11 +194,11 @@ def _have(binary: str) -> bool:
 
 @contextlib.contextmanager
 def running(
-    argv: Sequence[str], *, env: dict[str, str] | None = None, log: str
+    argv: Sequence[str], *, env: dict[str, str] | None = None, log: str, cwd: str | None = None
 ) -> Iterator[subprocess.Popen[bytes]]:
     """A server process for the duration of the block, stopped with SIGTERM after it."""
     with open(log, "ab") as out:
-        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=env)
+        proc = subprocess.Popen(list(argv), stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd)
     try:
         yield proc
     finally:
