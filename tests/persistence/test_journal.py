@@ -228,11 +228,11 @@ def test_no_record_follows_a_failed_one_until_it_is_erased(directory: str) -> No
     journal = Journal(disk, directory, 0, SEGMENT)
     good = write(journal, 2)
     disk.broken = True
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="Input/output error"):
         journal.append([(0, 2, 1, frames(2))])  # lands whole; its fsync fails
     void = scan_journal(FS, directory, 0, live=True).records[-1].lsn
     assert void not in good and journal.is_void(void)  # a reader would see it: skip it
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match="Input/output error"):
         journal.append([(0, 2, 1, frames(3))])  # not written: the failed one is still there
     assert [r.lsn for r in scan_journal(FS, directory, 0).records] == [*good, void]
     disk.broken = False
