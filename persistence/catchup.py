@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from persistence.errors import LogCorruptionError
-from persistence.fileops import FileOps
+from persistence.fileops import FileOps, keep_cut_bytes
 from persistence.frame import FrameError, LogRecord, decode_frame, find_next_frame, frame_crc
 from persistence.journal import JournalEntry, PartitionCheckpoint, frame_checksum, frame_offset
 from persistence.segments import list_log_files, scan_segment
@@ -198,16 +198,4 @@ def _in_order(record: LogRecord, next_offset: int) -> bool:
 def _keep_broken(fs: FileOps, path: str, position: int, cut: bytes) -> str | None:
     if not cut.strip(b"\0"):
         return None  # zeros a crash left: nothing anybody wrote
-    broken = f"{path}.{position}.broken"
-    n = 0
-    while fs.exists(broken):
-        n += 1
-        broken = f"{path}.{position}.{n}.broken"
-    out = fs.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        fs.write_all(out, cut)
-        fs.fsync(out)
-    finally:
-        fs.close(out)
-    fs.fsync_dir(os.path.dirname(path))
-    return broken
+    return keep_cut_bytes(fs, path, position, cut)

@@ -153,6 +153,25 @@ def write_file_atomically(fs: FileOps, path: str, content: bytes) -> None:
     fs.fsync_dir(os.path.dirname(path) or ".")
 
 
+def keep_cut_bytes(fs: FileOps, path: str, position: int, data: bytes) -> str:
+    """Keep bytes about to be cut from ``path`` at ``position`` in a file of their own,
+    ``<path>.<position>.broken`` (``.<n>`` added before ``.broken`` if that exists),
+    written and fsynced with its directory before the cut; returns its path."""
+    stem, suffix = f"{path}.{position}", ".broken"
+    kept, n = stem + suffix, 0
+    while fs.exists(kept):
+        n += 1
+        kept = f"{stem}.{n}{suffix}"
+    fd = fs.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        fs.write_all(fd, data)
+        fs.fsync(fd)
+    finally:
+        fs.close(fd)
+    fs.fsync_dir(os.path.dirname(path))
+    return kept
+
+
 def unlink_if_exists(fs: FileOps, path: str) -> bool:
     try:
         fs.unlink(path)

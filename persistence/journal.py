@@ -61,7 +61,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from persistence.errors import LogError
-from persistence.fileops import FileOps, read_file, unlink_if_exists, write_file_atomically
+from persistence.fileops import (
+    FileOps,
+    keep_cut_bytes,
+    read_file,
+    unlink_if_exists,
+    write_file_atomically,
+)
 from persistence.frame import LENGTH, OFFSET_AT, PREFIX
 
 _log = logging.getLogger("sharecoord.log")
@@ -69,7 +75,6 @@ _log = logging.getLogger("sharecoord.log")
 JOURNAL_DIR = "journal"
 CHECKPOINT_FILE = "CHECKPOINT"
 JOURNAL_SUFFIX = ".journal"
-BROKEN_SUFFIX = ".broken"
 CHECKPOINT_FORMAT = 1
 DEFAULT_JOURNAL_SEGMENT_BYTES = 16 * 1024 * 1024
 
@@ -326,18 +331,7 @@ def _valid_record_after(buf: bytes, pos: int, written: int, base: int) -> bool:
 def _keep_broken(fs: FileOps, path: str, pos: int, torn: bytes) -> str | None:
     if not torn:
         return None
-    broken = f"{path}.{pos}{BROKEN_SUFFIX}"
-    n = 0
-    while fs.exists(broken):
-        n += 1
-        broken = f"{path}.{pos}.{n}{BROKEN_SUFFIX}"
-    fd = fs.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        fs.write_all(fd, torn)
-        fs.fsync(fd)
-    finally:
-        fs.close(fd)
-    fs.fsync_dir(os.path.dirname(path))
+    broken = keep_cut_bytes(fs, path, pos, torn)
     _log.warning(
         "%s: torn journal tail at byte %d (%d bytes) cut; kept in %s", path, pos, len(torn), broken
     )

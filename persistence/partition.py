@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from persistence.catchup import catch_up
 from persistence.errors import LogCorruptionError, LogError, PartitionFailedError
-from persistence.fileops import FileOps, unlink_if_exists
+from persistence.fileops import FileOps, keep_cut_bytes, unlink_if_exists
 from persistence.frame import PREFIX, LogRecord, encode_frame_into
 from persistence.journal import JournalEntry, PartitionCheckpoint
 from persistence.segments import (
@@ -262,17 +262,9 @@ class PartitionLog:
         if not self.writable:
             return TornTail(scan.path, position, removed, scan.damage.reason, None)
         fs = self._fs
-        broken = _free_name(fs, f"{scan.path}.{position}", ".broken")
         fd = fs.open(scan.path, os.O_RDWR)
         try:
-            torn_bytes = fs.pread(fd, removed, position)
-            out = fs.open(broken, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            try:
-                fs.write_all(out, torn_bytes)
-                fs.fsync(out)
-            finally:
-                fs.close(out)
-            fs.fsync_dir(self.partition_dir)
+            broken = keep_cut_bytes(fs, scan.path, position, fs.pread(fd, removed, position))
             fs.truncate(fd, position)
             fs.fsync(fd)
         finally:
@@ -652,11 +644,3 @@ class PartitionLog:
             if self._active_fd is not None:
                 fd, self._active_fd = self._active_fd, None
                 self._fs.close(fd)
-
-
-def _free_name(fs: FileOps, stem: str, suffix: str) -> str:
-    candidate, n = stem + suffix, 0
-    while fs.exists(candidate):
-        n += 1
-        candidate = f"{stem}.{n}{suffix}"
-    return candidate
