@@ -36,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+from abc import ABC, abstractmethod
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, pairwise
@@ -102,7 +103,7 @@ class HistogramChild:
 C = TypeVar("C", CounterChild, HistogramChild)
 
 
-class LoopFamily(Generic[C]):
+class LoopFamily(ABC, Generic[C]):
     """A per-request counter or histogram family (the module docstring says why it is
     not prometheus_client's): children by label values, exposed by ``collect``."""
 
@@ -126,11 +127,13 @@ class LoopFamily(Generic[C]):
     def describe(self) -> Iterable[Metric]:
         return [self._family()]
 
+    @abstractmethod
     def _family(self) -> Metric:
-        raise NotImplementedError
+        """The family, without samples (what ``describe`` gives the registry)."""
 
+    @abstractmethod
     def collect(self) -> Iterable[Metric]:
-        raise NotImplementedError
+        """The family with a sample per child."""
 
 
 class LoopCounter(LoopFamily[CounterChild]):
