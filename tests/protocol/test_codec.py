@@ -80,7 +80,7 @@ INT64 = (-(2**63), 2**63 - 1)
 def encode(obj: object, fmt: Format) -> bytes:
     if fmt is MSGPACK:
         return msgpack.packb(obj, use_bin_type=True)
-    return json.dumps(obj).encode()  # escapes lone surrogates as \udXXX
+    return json.dumps(obj).encode()  # escapes lone surrogates (a "\\ud800"-style escape)
 
 
 def batch(first: int = 0, last: int = 9, state: int = 0, count: int = 1) -> dict[str, int]:
