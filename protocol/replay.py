@@ -29,45 +29,31 @@ class ShareGroupOffset(msgspec.Struct, frozen=True, gc=False):
     delivery_complete_count: int = -1
 
 
-class KeyState:
+class KeyState(msgspec.Struct, gc=False):
     """Everything a state partition keeps about one share-partition key.
 
     Kafka keeps these in separate maps keyed alike (docs/semantics.md §2); one object per key is the
-    same information with a fraction of the memory.
+    same information with a fraction of the memory. Not tracked by the garbage collector
+    (``gc=False``): it holds numbers, bytes and an immutable ShareGroupOffset, so it can
+    never be part of a reference cycle, and a full collection need not walk one object
+    per share-partition the daemon knows.
     """
 
-    __slots__ = (
-        "batches_clean",
-        "key_bytes",
-        "leader_fence",
-        "snapshot_offset",
-        "state",
-        "state_fence",
-        "update_count",
-    )
-
-    def __init__(
-        self,
-        state: ShareGroupOffset,
-        leader_fence: int,
-        state_fence: int | None,
-        key_bytes: bytes | None = None,
-    ) -> None:
-        self.state = state
-        # Whether state.state_batches is in the combiner's clean shape (see
-        # protocol.batches.is_clean); None until someone needed to know.
-        self.batches_clean: bool | None = None
-        # The key as the log stores it, so a write frames it without encoding it again.
-        self.key_bytes = key_bytes
-        # leaderEpochMap: highest leader epoch of any replayed record of the key.
-        self.leader_fence = leader_fence
-        # stateEpochMap: highest state epoch of any replayed snapshot; None while the key
-        # was only ever built from updates (possible in a hand-made log only).
-        self.state_fence = state_fence
-        # snapshotUpdateCount: None until the first update (docs/semantics.md §4, §16.5).
-        self.update_count: int | None = None
-        # Offsets manager: log offset of the key's latest snapshot, None before one.
-        self.snapshot_offset: int | None = None
+    state: ShareGroupOffset
+    # leaderEpochMap: highest leader epoch of any replayed record of the key.
+    leader_fence: int
+    # stateEpochMap: highest state epoch of any replayed snapshot; None while the key
+    # was only ever built from updates (possible in a hand-made log only).
+    state_fence: int | None
+    # The key as the log stores it, so a write frames it without encoding it again.
+    key_bytes: bytes | None = None
+    # Whether state.state_batches is in the combiner's clean shape (see
+    # protocol.batches.is_clean); None until someone needed to know.
+    batches_clean: bool | None = None
+    # snapshotUpdateCount: None until the first update (docs/semantics.md §4, §16.5).
+    update_count: int | None = None
+    # Offsets manager: log offset of the key's latest snapshot, None before one.
+    snapshot_offset: int | None = None
 
 
 def max_epoch(current: int, fence: int | None) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+
 from protocol.records import ShareSnapshot, ShareTombstone, ShareUpdate
 from protocol.replay import ShareGroupOffset
 from protocol.shard import ShardConfig, ShareCoordinatorShard
@@ -277,3 +279,16 @@ def test_9_key_written_only_by_updates_pins_the_mark_at_its_last_snapshot():
         s.replay(offset, update(KEY))
     s.replay(50, snapshot(OTHER_KEY))
     assert s.last_redundant_offset() == 1
+
+
+def test_the_state_of_a_key_is_not_tracked_by_the_garbage_collector():
+    # A full collection walks every tracked object: one per share-partition would make
+    # it grow with the state (10,000 keys: tens of ms, the daemon's worst tail).
+    s = shard()
+    s.replay(0, snapshot())
+    s.replay(1, update(batches=[batch(5, 9, 2, 1)]))
+    s.replay(2, snapshot(key=OTHER_KEY))
+    entries = [s.key_state(KEY), s.key_state(OTHER_KEY)]
+    assert all(e is not None for e in entries)
+    assert not any(gc.is_tracked(e) for e in entries)
+    assert not any(gc.is_tracked(e.state) for e in entries if e is not None)
