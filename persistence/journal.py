@@ -51,6 +51,7 @@ middle: recovery refuses, naming the file and byte.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -143,11 +144,20 @@ class PartitionCheckpoint:
     next_offset: int
 
 
-@dataclass
+@dataclass(frozen=True)
 class Checkpoint:
+    """Every partition's checkpoint. Never changed once made: a new checkpoint is a new
+    object, so what is derived from it can be kept."""
+
     partitions: dict[int, PartitionCheckpoint] = field(default_factory=dict)
 
     def lowest_lsn(self) -> int:
+        """The oldest journal position any partition still needs (asked on every write,
+        to know whether the journal is full: worked out once)."""
+        return self._lowest_lsn
+
+    @functools.cached_property
+    def _lowest_lsn(self) -> int:
         return min((c.lsn for c in self.partitions.values()), default=0)
 
 
