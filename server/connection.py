@@ -122,9 +122,10 @@ class ApiServer(web.Server):
         )
 
 
-def _answer_http_errors(
-    handler: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]],
-) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+ServerHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+
+
+def _answer_http_errors(handler: ServerHandler) -> ServerHandler:
     """The app's handler, with HTTP errors raised before its middlewares (aiohttp's
     Expect handling) answered with the API's body; it also tells the connection a
     request started."""
@@ -152,11 +153,21 @@ def _answer_http_errors(
 
 
 class ApiAppRunner(web.AppRunner):
-    """``web.AppRunner`` whose server is an ApiServer (see the module docstring)."""
+    """``web.AppRunner`` whose server is an ApiServer (see the module docstring).
+    ``route`` may put a handler of its own in front of the app's (the server's
+    ``request_handler``, given the app's), as server.http.direct_rpc_handler does."""
 
-    def __init__(self, app: web.Application, *, request_timeout_s: float, **kwargs: Any):
+    def __init__(
+        self,
+        app: web.Application,
+        *,
+        request_timeout_s: float,
+        route: Callable[[web.Application, ServerHandler], ServerHandler] | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(app, **kwargs)
         self._request_timeout_s = request_timeout_s
+        self._route = route
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()
@@ -165,5 +176,8 @@ class ApiAppRunner(web.AppRunner):
         server.__class__ = ApiServer
         assert isinstance(server, ApiServer)
         server.first_request_timeout = self._request_timeout_s
-        server.request_handler = _answer_http_errors(server.request_handler)
+        handler = server.request_handler
+        if self._route is not None:
+            handler = self._route(self.app, handler)
+        server.request_handler = _answer_http_errors(handler)
         return server

@@ -24,6 +24,7 @@ import socket
 import ssl
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import uvloop
 from aiohttp import web
@@ -33,7 +34,7 @@ from server.catalog import CatalogError
 from server.cluster import ClusterMap
 from server.config import WILDCARD_HOSTS, ServeConfig, advertised_host
 from server.connection import ApiAppRunner
-from server.http import COORDINATOR, create_app
+from server.http import COORDINATOR, create_app, direct_rpc_handler
 from server.kafka_auth import CredentialsError, KafkaAuth, load_credentials
 from server.kafka_listener import KafkaListener, bind_kafka_socket, start_kafka_listener
 from server.logs import json_line, log_event
@@ -145,9 +146,9 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     kafka_socket = _bind_kafka(config) if config.kafka_listener is not None else None
-    runner = ApiAppRunner(
+    runner = api_runner(
         app,
-        request_timeout_s=config.request_timeout_s,
+        config,
         handle_signals=False,
         access_log=None,
         shutdown_timeout=config.shutdown_timeout_s,
@@ -224,6 +225,14 @@ async def _serve(
             final_commit="done",
         )
     return EXIT_OK
+
+
+def api_runner(app: web.Application, config: ServeConfig, **kwargs: Any) -> ApiAppRunner:
+    """The runner `serve` serves the app with (its connection handling, the RPCs' direct
+    route); the tests' in-process server uses it too, so they see what `serve` does."""
+    return ApiAppRunner(
+        app, request_timeout_s=config.request_timeout_s, route=direct_rpc_handler, **kwargs
+    )
 
 
 def _settle_garbage_collector() -> None:

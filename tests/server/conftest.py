@@ -15,10 +15,12 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from aiohttp.web_runner import BaseRunner
 
 from persistence import FileOps
 from server.cluster import ClusterMap
 from server.config import ServeConfig, load_serve_config
+from server.daemon import api_runner
 from server.http import COORDINATOR, Coordinator, create_app
 from tests.server.daemons import FORMATS, Api, Daemon, start_daemon
 
@@ -34,9 +36,21 @@ def fmt(request: pytest.FixtureRequest) -> str:
 # --- the app in this process, on a real loopback socket ------------------------------------
 
 
+class DaemonLikeServer(TestServer):
+    """aiohttp's TestServer with the runner `serve` uses (server.daemon.api_runner): the
+    same connection handling and the same direct route to the RPC handlers."""
+
+    def __init__(self, app: web.Application, config: ServeConfig, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self._config = config
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        return api_runner(self.app, self._config, **kwargs)
+
+
 @dataclass
 class Served:
-    """One app served by aiohttp's TestServer on 127.0.0.1, with a client session."""
+    """One app served on 127.0.0.1 as `serve` serves it, with a client session."""
 
     config: ServeConfig
     app: web.Application
@@ -91,7 +105,7 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
             token=token.encode() if token is not None else None,
             fs=fs,
         )
-        server = TestServer(app, host="127.0.0.1", port=0)
+        server = DaemonLikeServer(app, config, host="127.0.0.1", port=0)
         await server.start_server()
         if config.cluster is None:
             # As the daemon does for --listen :0: advertise the port actually bound.
