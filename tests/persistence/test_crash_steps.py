@@ -23,6 +23,9 @@ from crash_child import record_digest
 from log_helpers import tree_snapshot
 
 from persistence import StateLog, verify
+from persistence.fileops import FileOps
+from persistence.journal import journal_dir, read_checkpoint
+from persistence.segments import segment_path
 
 CHILD = Path(__file__).with_name("crash_child.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -154,10 +157,22 @@ def test_a_kill_during_recovery_loses_nothing_acknowledged(data_dir: str, kill_a
     # journal, and the partition files cut back to their checkpointed size, so
     # recovery has frames to write, a tail to cut, a checkpoint to record.
     appended, acked = parse(run_child(data_dir, ("pwrite", "journal", 40, "after")))
+    checkpoint = read_checkpoint(FileOps(), journal_dir(data_dir))
     for p in range(NUM_PARTITIONS):
         directory = os.path.join(data_dir, "partitions", str(p))
         newest = max(n for n in os.listdir(directory) if n.endswith(".log"))
         path = os.path.join(directory, newest)
+        # What a power loss may take: the newest segment past its last fsync, which a
+        # checkpoint records (a segment rolled to since then: all of it). Every partition
+        # written since the last checkpoint then has frames to take from the journal,
+        # not only those of the last cycle (which may be one partition alone).
+        synced = checkpoint.partitions.get(p)
+        keep = (
+            synced.size
+            if synced is not None and path == segment_path(directory, synced.segment)
+            else 0
+        )
+        os.truncate(path, keep)
         with open(path, "ab") as tail:
             tail.write(b"\x7f" * 11)  # a torn frame past what was synced
     run_child(data_dir, kill_at, SHARECOORD_RECOVER_ONLY="1")
