@@ -245,14 +245,20 @@ async def replaying_big(spawn, big_logs) -> tuple[Daemon, BigLog]:
 
 
 async def test_sigterm_while_loading_stops_the_load_and_exits_0(spawn, big_logs):
-    daemon, log = await replaying_big(spawn, big_logs)
-    daemon.signal(signal.SIGTERM)
-    assert await asyncio.to_thread(daemon.wait) == 0
-    stderr = await asyncio.to_thread(daemon.stderr_text)
-    assert "Traceback" not in stderr, stderr
-    assert "state log closed" in stderr
-    # The daemon did not sit out the load: it stopped replaying, and said so.
-    assert f"state partition {BIG}: loading stopped" in stderr, stderr
+    for _ in range(MAX_TRIES):
+        daemon, log = await replaying_big(spawn, big_logs)
+        daemon.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(daemon.wait) == 0
+        stderr = await asyncio.to_thread(daemon.stderr_text)
+        assert "Traceback" not in stderr, stderr
+        assert "state log closed" in stderr
+        # The daemon did not sit out the load: it stopped replaying, and said so.
+        if f"state partition {BIG}: loading stopped" in stderr:
+            break
+        # On a busy machine the load can end between the status seen and the signal:
+        # there was nothing left to stop. Again, with a fresh daemon.
+    else:
+        pytest.fail(f"the big partition always finished loading before SIGTERM: {stderr}")
     # Nothing was harmed: the log verifies and a new daemon loads it all.
     verify = await asyncio.to_thread(run_cli, "log", "verify", "--data-dir", str(log.path))
     assert verify.returncode == 0, verify.stdout
