@@ -209,6 +209,8 @@ def _partition_export(args: argparse.Namespace) -> int:
         f": {manifest.records} records, offsets {manifest.log_start_offset}.."
         f"{manifest.log_end_offset - 1}, {len(manifest.segments)} segments, {size} bytes"
     )
+    if manifest.history:
+        print(f"with its history: {len(manifest.history)} files")
     print(f"{data_dir} no longer serves state partition {partition} (its OWNER says exported)")
     print(
         "next: with the new owner stopped, `sharecoord partition import --data-dir ITS_DATA "
@@ -224,15 +226,19 @@ def _partition_import(args: argparse.Namespace) -> int:
     data_dir = values["data_dir"]
     _refuse(preflight.data_directory_problem(data_dir, created_if_missing=True))
     try:
-        manifest, node = import_partition(data_dir, values["source"], values["node_id"])
+        done = import_partition(data_dir, values["source"], values["node_id"])
     except ToolError as exc:
         _say(args.prog, str(exc))
         return exc.code
+    manifest = done.manifest
     print(
-        f"imported state partition {manifest.partition} into {data_dir} for node {node}: "
+        f"imported state partition {manifest.partition} into {data_dir} for node {done.node}: "
         f"{manifest.records} records, offsets {manifest.log_start_offset}.."
         f"{manifest.log_end_offset - 1} (checked against the export's manifest)"
     )
+    if done.history_root is not None:
+        kept = "" if done.history_declared else " (the first compaction here takes it up)"
+        print(f"its history: {len(manifest.history)} files, in {done.history_root}{kept}")
     return 0
 
 

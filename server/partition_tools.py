@@ -5,13 +5,16 @@ node to another (docs/operations.md#moving-a-state-partition).
 as the daemon would (its frames still only in the journal are written into its files
 first, a torn tail is cut), checks that every record replays, copies its segments into
 a new directory with an ``EXPORT`` manifest (name, size and CRC-32 of each segment, the
-offsets, the record count), reads the copy back against the manifest, and only then
+offsets, the record count) and, when the data directory keeps a history, the
+partition's history files below ``history/`` (listed likewise: path, size, CRC-32),
+reads the copy back against the manifest, and only then
 marks the source's OWNER as exported: from then on the source node refuses to serve it
 (answers 15), even if its cluster file still gives it the partition.
 
 **import** checks an export against its manifest (sizes, CRCs, every frame, every record
 replays), takes the target's DATA/LOCK (the target daemon must be stopped), places the
-segments as DATA/partitions/<p> with an OWNER naming the target node, records in
+segments as DATA/partitions/<p> with an OWNER naming the target node (after the
+history files, into the target's history: records first, export markers last), records in
 CHECKPOINT that the partition's files start afresh (no older journal frame of it is
 ever applied to them) and in DATA/ASSIGNMENT that this node holds it. It refuses a
 target that already holds records of the partition, or whose journal still holds
@@ -37,6 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from persistence import FileOps, LogError, StateLog, partition_dir, read_meta
+from persistence.history import EXPORTS_DIR, read_declaration, resolve_dir
 from persistence.ownership import (
     UNKNOWN,
     Assignment,
@@ -54,6 +58,7 @@ from persistence.segments import list_log_files, scan_partition
 from server.tools import replay_problem
 
 EXPORT_FILE = "EXPORT"
+HISTORY_DIR = "history"  # in an export: the partition's history, as below its root
 EXPORT_FORMAT = 1
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -74,6 +79,16 @@ class SegmentCopy:
 
 
 @dataclass(frozen=True)
+class HistoryCopy:
+    """One file of the partition's history: its path below the history root (and below
+    the export's ``history`` directory), size and CRC-32."""
+
+    path: str
+    size: int
+    crc32: int
+
+
+@dataclass(frozen=True)
 class ExportManifest:
     partition: int
     num_partitions: int
@@ -84,6 +99,8 @@ class ExportManifest:
     log_end_offset: int
     records: int
     segments: tuple[SegmentCopy, ...]
+    # Empty when the source kept no history (and in exports made before it travelled).
+    history: tuple[HistoryCopy, ...] = ()
 
     def to_json(self) -> bytes:
         document = {"format": EXPORT_FORMAT, **asdict(self)}
@@ -97,11 +114,14 @@ class ExportManifest:
                 document: Any = json.loads(f.read())
             if document.get("format") != EXPORT_FORMAT:
                 raise ValueError(f"unknown format {document.get('format')!r}")
-            fields = {k: document[k] for k in cls.__dataclass_fields__}
+            fields = {k: document[k] for k in cls.__dataclass_fields__ if k != "history"}
             fields["segments"] = tuple(SegmentCopy(**s) for s in document["segments"])
-            manifest = cls(**fields)
+            history = tuple(HistoryCopy(**h) for h in document.get("history", ()))
+            manifest = cls(**fields, history=history)
             if not all(isinstance(v, int) for v in _ints(manifest)):
                 raise ValueError("a number field is not an integer")
+            for copy in history:
+                _check_history_path(copy.path, manifest.partition)
             return manifest
         except FileNotFoundError:
             raise ToolError(
@@ -118,6 +138,24 @@ def _ints(manifest: ExportManifest) -> Iterable[object]:
     yield from (manifest.log_start_offset, manifest.log_end_offset, manifest.records)
     for segment in manifest.segments:
         yield from (segment.size, segment.crc32)
+    for copy in manifest.history:
+        yield from (copy.size, copy.crc32)
+
+
+def _check_history_path(path: object, partition: int) -> None:
+    """A history path of the manifest names a file of this partition's history, below
+    the root: an export cannot make an import write anywhere else."""
+    if not isinstance(path, str):
+        raise ValueError(f"history path {path!r} is not text")
+    parts = path.split("/")
+    mine = (f"state_partition={partition}",), (EXPORTS_DIR, str(partition))
+    if (
+        os.path.isabs(path)
+        or any(part in ("", ".", "..") for part in parts)
+        or not any(tuple(parts[: len(prefix)]) == prefix for prefix in mine)
+        or len(parts) < 3
+    ):
+        raise ValueError(f"history path {path!r} is not a file of state partition {partition}")
 
 
 # --- export ------------------------------------------------------------------------------
@@ -172,7 +210,8 @@ def export_partition(
         )
         partial = out + ".partial"
         copies = _copy_segments(fs, [path for _, path in segments], partial)
-        manifest = replace(manifest, segments=tuple(copies))
+        history = _copy_history(fs, data_dir, partition, os.path.join(partial, HISTORY_DIR))
+        manifest = replace(manifest, segments=tuple(copies), history=tuple(history))
         _write_durably(fs, os.path.join(partial, EXPORT_FILE), manifest.to_json())
         if os.path.isdir(out):
             os.rmdir(out)  # the empty directory it was given
@@ -193,20 +232,65 @@ def _copy_segments(fs: FileOps, paths: list[str], target: str) -> list[SegmentCo
     os.mkdir(target)
     copies = []
     for path in paths:
-        data_crc, size = 0, 0
-        destination = os.path.join(target, os.path.basename(path))
-        out_fd = fs.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        try:
-            with open(path, "rb") as source:
-                while chunk := source.read(_CHUNK):
-                    fs.write_all(out_fd, chunk)
-                    data_crc = zlib.crc32(chunk, data_crc)
-                    size += len(chunk)
-            fs.fsync(out_fd)
-        finally:
-            fs.close(out_fd)
-        copies.append(SegmentCopy(os.path.basename(path), size, data_crc))
+        size, crc = _copy_file(fs, path, os.path.join(target, os.path.basename(path)))
+        copies.append(SegmentCopy(os.path.basename(path), size, crc))
     fs.fsync_dir(target)
+    return copies
+
+
+def _copy_file(fs: FileOps, path: str, destination: str) -> tuple[int, int]:
+    """Copy and fsync a file (``destination`` must not exist); its size and CRC-32."""
+    data_crc, size = 0, 0
+    out_fd = fs.open(destination, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:
+        with open(path, "rb") as source:
+            while chunk := source.read(_CHUNK):
+                fs.write_all(out_fd, chunk)
+                data_crc = zlib.crc32(chunk, data_crc)
+                size += len(chunk)
+        fs.fsync(out_fd)
+    finally:
+        fs.close(out_fd)
+    return size, data_crc
+
+
+def _history_root(data_dir: str) -> str | None:
+    """Where the data directory keeps its history, or None when it keeps none."""
+    try:
+        config = read_declaration(data_dir)
+    except LogError as exc:
+        raise ToolError(EXIT_FAILURE, str(exc)) from None
+    return config.root if config is not None else None
+
+
+def _history_files(root: str, partition: int) -> list[str]:
+    """The partition's history files, as paths below the root: its records first, its
+    export markers after them (a marker counts only once the files it names exist)."""
+    found = []
+    for top in (f"state_partition={partition}", f"{EXPORTS_DIR}/{partition}"):
+        for directory, dirs, names in os.walk(os.path.join(root, top)):
+            dirs.sort()
+            for name in sorted(names):
+                if not name.startswith("."):  # a writer's temporary file
+                    path = os.path.relpath(os.path.join(directory, name), root)
+                    found.append(path.replace(os.sep, "/"))
+    return found
+
+
+def _copy_history(fs: FileOps, data_dir: str, partition: int, target: str) -> list[HistoryCopy]:
+    """The partition's history (when the data directory keeps one) copied below
+    ``target``: an audit on the new owner still finds what compaction folded here."""
+    root = _history_root(data_dir)
+    if root is None:
+        return []
+    copies = []
+    for path in _history_files(root, partition):
+        destination = os.path.join(target, *path.split("/"))
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+        size, crc = _copy_file(fs, os.path.join(root, *path.split("/")), destination)
+        copies.append(HistoryCopy(path, size, crc))
+    for directory, _, _ in os.walk(target, topdown=False):
+        fs.fsync_dir(directory)
     return copies
 
 
@@ -232,6 +316,25 @@ def check_export(directory: str, manifest: ExportManifest | None = None) -> Expo
             raise damaged(
                 f"{segment.name} has {size} bytes and CRC-32 {crc:#010x}; the manifest says "
                 f"{segment.size} and {segment.crc32:#010x}"
+            )
+    history = os.path.join(directory, HISTORY_DIR)
+    listed = {copy.path for copy in manifest.history}
+    found = set()
+    for place, _, names in os.walk(history):
+        found |= {
+            os.path.relpath(os.path.join(place, n), history).replace(os.sep, "/") for n in names
+        }
+    if found != listed:
+        missing, extra = sorted(listed - found), sorted(found - listed)
+        raise damaged(
+            f"its history lacks {missing} and has {extra} that the manifest does not list"
+        )
+    for copy in manifest.history:
+        size, crc = _size_and_crc(os.path.join(history, *copy.path.split("/")))
+        if (size, crc) != (copy.size, copy.crc32):
+            raise damaged(
+                f"history file {copy.path} has {size} bytes and CRC-32 {crc:#010x}; the "
+                f"manifest says {copy.size} and {copy.crc32:#010x}"
             )
     records, last = 0, None
     for scan in scan_partition(fs, list_log_files(fs, directory)):
@@ -262,10 +365,17 @@ def _size_and_crc(path: str) -> tuple[int, int]:
 # --- import ------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Imported:
+    manifest: ExportManifest
+    node: int  # the node the partition now belongs to
+    history_root: str | None  # where its history went (None: the export had none)
+    history_declared: bool  # whether this data directory keeps a history yet
+
+
 def import_partition(
     data_dir: str, source: str, node_id: int | None, *, fs: FileOps | None = None
-) -> tuple[ExportManifest, int]:
-    """Returns the manifest and the node the partition now belongs to."""
+) -> Imported:
     fs = fs or FileOps()
     if not os.path.isdir(source):
         raise ToolError(EXIT_USAGE, f"--from {source} is not a directory")
@@ -312,6 +422,7 @@ def import_partition(
                 f"{target} already holds records of state partition {partition}: move it "
                 "aside first (it is this node's older copy, or another import)",
             )
+        history_root = _place_history(fs, data_dir, source, manifest)
         staging = os.path.join(data_dir, "partitions", f".import-{partition}")
         copies = _copy_segments(
             fs, [os.path.join(source, s.name) for s in manifest.segments], staging
@@ -334,7 +445,47 @@ def import_partition(
             write_assignment(fs, data_dir, replace(recorded, owners=tuple(owners)))
     finally:
         log.close()
-    return manifest, node
+    return Imported(manifest, node, history_root, _history_root(data_dir) is not None)
+
+
+def _place_history(fs: FileOps, data_dir: str, source: str, manifest: ExportManifest) -> str | None:
+    """The export's history, into the history this data directory keeps (or where it
+    would keep one by default, DATA/history, for its first compaction to find), before
+    the partition itself: its records first, its export markers last. A file already
+    there with the same bytes is kept; one with other bytes stops the import before
+    anything is written."""
+    if not manifest.history:
+        return None
+    root = _history_root(data_dir) or resolve_dir(data_dir, None)
+    to_copy = []
+    for copy in manifest.history:
+        destination = os.path.join(root, *copy.path.split("/"))
+        if not os.path.exists(destination):
+            to_copy.append((copy, destination))
+        elif _size_and_crc(destination) != (copy.size, copy.crc32):
+            raise ToolError(
+                EXIT_FAILURE,
+                f"{destination} already exists with other contents than the export's: "
+                f"the history of state partition {manifest.partition} there is another "
+                "copy's; move it aside first",
+            )
+    touched = set()
+    for copy, destination in to_copy:
+        os.makedirs(os.path.dirname(destination), exist_ok=True)
+        temp = os.path.join(
+            os.path.dirname(destination), f".import-{os.path.basename(destination)}"
+        )
+        if os.path.exists(temp):
+            os.unlink(temp)  # an import that stopped half way
+        source_path = os.path.join(source, HISTORY_DIR, *copy.path.split("/"))
+        if _copy_file(fs, source_path, temp) != (copy.size, copy.crc32):
+            os.unlink(temp)
+            raise ToolError(EXIT_FAILURE, f"{source} changed while it was copied; run again")
+        fs.rename(temp, destination)
+        touched.add(os.path.dirname(destination))
+    for directory in sorted(touched, key=len, reverse=True):
+        fs.fsync_dir(directory)
+    return root
 
 
 # --- adopt -------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ and a data directory made before OWNER files, upgraded in place."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 import textwrap
@@ -16,6 +17,17 @@ from typing import Any
 import aiohttp
 import pytest
 
+from persistence.history import (
+    ExportedFile,
+    HistoryConfig,
+    SegmentExport,
+    data_path,
+    fingerprint,
+    marker_path,
+    resolve_dir,
+    write_declaration,
+    write_marker,
+)
 from tests.server.daemons import (
     TOPIC,
     Api,
@@ -366,3 +378,119 @@ async def test_a_data_directory_without_owner_files_is_upgraded_in_place(spawn, 
     owners = await asyncio.to_thread(owner_files, data)
     assert all('"origin": "migrated"' in owner for owner in owners)
     assert await asyncio.to_thread((data / "ASSIGNMENT").exists)
+
+
+def plant_history(data: Path, partitions: list[int]) -> dict[int, dict[str, bytes]]:
+    """A history as compaction leaves one (history.json, a Parquet file and its export
+    marker per partition), its bytes by path below the root, per partition. The tools
+    copy bytes; what the files say is the Spark jobs' business."""
+    root = resolve_dir(str(data), None)
+    write_declaration(str(data), HistoryConfig(root, -1))
+    planted: dict[int, dict[str, bytes]] = {}
+    for p in partitions:
+        segment = fingerprint(f"{0:020d}.log", 1000 + p, 7)
+        day = "2026-11-20"
+        parquet = data_path(root, p, day, segment)
+        os.makedirs(os.path.dirname(parquet))
+        Path(parquet).write_bytes(os.urandom(300 + p))
+        relative = os.path.relpath(parquet, root)
+        write_marker(
+            root,
+            SegmentExport(p, segment, 0, 9, 10, (ExportedFile(relative, day, 10, 0, 9),)),
+        )
+        marker = marker_path(root, p, segment)
+        planted[p] = {
+            os.path.relpath(path, root): Path(path).read_bytes() for path in (parquet, marker)
+        }
+    return planted
+
+
+def history_of(root: Path, partition: int) -> dict[str, bytes]:
+    return {
+        str(path.relative_to(root)): path.read_bytes()
+        for top in (root / f"state_partition={partition}", root / "_exports" / str(partition))
+        for path in top.rglob("*")
+        if path.is_file()
+    }
+
+
+async def test_a_partition_takes_its_history_along(spawn, tmp_path, ports):
+    """What compaction folded on the old owner stays auditable on the new one: the
+    export carries the partition's history files (and no other partition's), checked
+    like its segments, and the import puts them where the target keeps its history."""
+    moved = partitions_in(MOVED, N, group_id=GROUP, count=2)
+    before = await asyncio.to_thread(cluster_file, tmp_path / "before.toml", ports, BEFORE)
+    async with aiohttp.ClientSession() as session:
+        node0 = await start(spawn, tmp_path, 0, ports[0], before)
+        await write_state(Api(session, node0.url), moved)
+        expected = await states(Api(session, node0.url), moved)
+        await stop(node0)
+    source = tmp_path / "node0"
+    planted = await asyncio.to_thread(plant_history, source, [MOVED, 3])
+    out = tmp_path / "export"
+    args = ["--data-dir", str(source), "--partition", str(MOVED), "--out", str(out)]
+    done = await cli("partition", "export", *args)
+    assert done.returncode == 0, done.stderr
+    assert "with its history: 2 files" in done.stdout
+    assert await asyncio.to_thread(history_of, out / "history", MOVED) == planted[MOVED]
+    assert not await asyncio.to_thread(os.path.exists, out / "history" / "state_partition=3")
+
+    target = tmp_path / "node1"
+    into = ["--data-dir", str(target), "--from", str(out), "--node-id", "1"]
+    # A history file damaged in the export: refused before anything is written.
+    (name, data) = sorted(planted[MOVED].items())[-1]
+    damaged = out / "history" / name
+    await asyncio.to_thread(damaged.write_bytes, data[:-1] + bytes([data[-1] ^ 1]))
+    done = await cli("partition", "import", *into)
+    assert done.returncode == 1
+    assert f"history file {name} has" in done.stderr
+    assert not await asyncio.to_thread(target.exists)
+    await asyncio.to_thread(damaged.write_bytes, data)
+    # A manifest naming a file outside the partition's history is no export.
+    manifest_path = out / "EXPORT"
+    manifest = json.loads(await asyncio.to_thread(manifest_path.read_text))
+    honest = manifest["history"][0]["path"]
+    manifest["history"][0]["path"] = "_exports/3/../../../meta"
+    await asyncio.to_thread(manifest_path.write_text, json.dumps(manifest))
+    done = await cli("partition", "import", *into)
+    assert done.returncode == 2
+    assert "is not a file of state partition" in done.stderr
+    manifest["history"][0]["path"] = honest
+    await asyncio.to_thread(manifest_path.write_text, json.dumps(manifest))
+
+    done = await cli("partition", "import", *into)
+    assert done.returncode == 0, done.stderr
+    assert f"its history: 2 files, in {target / 'history'}" in done.stdout
+    assert await asyncio.to_thread(history_of, target / "history", MOVED) == planted[MOVED]
+    assert not await asyncio.to_thread(os.path.exists, target / "history" / "state_partition=3")
+    # The new owner serves the state; its history's markers are read without trouble.
+    after = await asyncio.to_thread(cluster_file, tmp_path / "after.toml", ports, AFTER)
+    async with aiohttp.ClientSession() as session:
+        node1 = await start(spawn, tmp_path, 1, ports[1], after)
+        assert await states(Api(session, node1.url), moved) == expected
+        await stop(node1)
+
+
+async def test_an_import_keeps_another_copy_of_the_history_it_finds(spawn, tmp_path, ports):
+    moved = partitions_in(MOVED, N, group_id=GROUP, count=1)
+    before = await asyncio.to_thread(cluster_file, tmp_path / "before.toml", ports, BEFORE)
+    async with aiohttp.ClientSession() as session:
+        node0 = await start(spawn, tmp_path, 0, ports[0], before)
+        await write_state(Api(session, node0.url), moved)
+        await stop(node0)
+    source = tmp_path / "node0"
+    planted = await asyncio.to_thread(plant_history, source, [MOVED])
+    out = tmp_path / "export"
+    args = ["--data-dir", str(source), "--partition", str(MOVED), "--out", str(out)]
+    assert (await cli("partition", "export", *args)).returncode == 0
+    target = tmp_path / "node1"
+    name = sorted(planted[MOVED])[0]
+    theirs = target / "history" / name
+    await asyncio.to_thread(theirs.parent.mkdir, parents=True)
+    await asyncio.to_thread(theirs.write_bytes, b"another copy")
+    done = await cli("partition", "import", "--data-dir", str(target), "--from", str(out),
+                     "--node-id", "1")  # fmt: skip
+    assert done.returncode == 1
+    assert "already exists with other contents" in done.stderr
+    assert await asyncio.to_thread(theirs.read_bytes) == b"another copy"
+    assert not await asyncio.to_thread(os.path.exists, target / "partitions" / str(MOVED))
