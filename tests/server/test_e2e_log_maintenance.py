@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import random
 import time
@@ -210,7 +211,7 @@ async def test_cold_partition_snapshots_rewrite_a_key_written_by_updates(serve):
     assert all(create < write for create, write in cold)
 
 
-async def test_with_a_history_pruning_waits_for_the_export_of_each_segment(serve):
+async def test_with_a_history_pruning_waits_for_the_export_of_each_segment(serve, caplog):
     """docs/design.md#the-history: a data directory that keeps a history is pruned only
     up to the first segment without an export marker; once the markers are there, the
     next round prunes."""
@@ -220,6 +221,7 @@ async def test_with_a_history_pruning_waits_for_the_export_of_each_segment(serve
         "prune_interval_ms": 50,
         "snapshot_update_records_per_snapshot": 0,
     }
+    caplog.set_level(logging.INFO, logger="sharecoord.service")
     served = await serve(**flags)
     data_dir = str(served.config.data_dir)
     root = await asyncio.to_thread(resolve_dir, data_dir, None)
@@ -236,6 +238,13 @@ async def test_with_a_history_pruning_waits_for_the_export_of_each_segment(serve
     await asyncio.sleep(1.0)
     assert (await partition_status(api, P))["log_start_offset"] == 0
     assert (await asyncio.to_thread(list_segments, directory))[: len(sealed)] == sealed
+    # The operator hears why, once for the segment it waits on, not every round.
+    held = [r.getMessage() for r in caplog.records if "pruning held back" in r.getMessage()]
+    first = os.path.basename(sealed[0].path)
+    assert held == [
+        f"state partition {P}: pruning held back at segment {first}: the history does not "
+        "hold it yet (sharecoord compact exports it)"
+    ]
 
     def export_markers() -> None:  # what the compaction job writes last, per segment
         for segment in sealed:
