@@ -1,0 +1,73 @@
+"""A commit that does not finish within ``write_timeout_ms`` (Kafka's
+share.coordinator.write.timeout.ms): the requests waiting on it answer 15 for what it
+did not make durable, the others are not held, and once the disk answers again writes
+succeed. The disk here is a FileOps whose fdatasync stops until the test lets it go."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+from persistence import FileOps
+from tests.server.daemons import TOPIC, batch, body, init_entry, write_entry
+
+GROUP = "timeouts"
+TIMEOUT_MS = 300
+
+
+class StallingFileOps(FileOps):
+    """fdatasync waits while `stalled` is set (commit and checkpoint threads alike)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stalled = False
+        self.waiting = threading.Event()
+        self.go = threading.Condition()
+
+    def fdatasync(self, fd: int) -> None:
+        with self.go:
+            while self.stalled:
+                self.waiting.set()
+                self.go.wait()
+        super().fdatasync(fd)
+
+    def stall(self) -> None:
+        with self.go:
+            self.stalled = True
+
+    def resume(self) -> None:
+        with self.go:
+            self.stalled = False
+            self.go.notify_all()
+
+
+async def test_a_commit_past_the_write_timeout_answers_15_then_writes_succeed(serve):
+    fs = StallingFileOps()
+    served = await serve(fs=fs, write_timeout_ms=TIMEOUT_MS, partitions=4)
+    api = served.api("msgpack")
+    assert await api.codes("initialize", body(GROUP, (TOPIC, [init_entry(0), init_entry(1)]))) == [
+        0,
+        0,
+    ]
+    write = body(GROUP, (TOPIC, [write_entry(0, batch(0, 9, 2, 1), state_epoch=0)]))
+    fs.stall()
+    try:
+        started = time.monotonic()
+        # (Bounded here: a daemon without the timeout would wait for ever.)
+        assert await asyncio.wait_for(api.codes("write", write), 10) == [15]
+        waited = time.monotonic() - started
+        assert fs.waiting.is_set(), "the commit never reached its fdatasync"
+        assert TIMEOUT_MS / 1000 <= waited < 5, waited
+        # A read of what is durable does not wait on the stuck commit.
+        reads = await api.codes("read-summary", body(GROUP, (TOPIC, [{"partition": 1}])))
+        assert reads == [0]
+    finally:
+        fs.resume()
+    # The disk answers again: the next write is made durable and acknowledged.
+    deadline = time.monotonic() + 10
+    while await api.codes("write", write) != [0]:
+        assert time.monotonic() < deadline, "writes never succeeded after the stall"
+    state = await api.state(GROUP, TOPIC, 0)
+    assert state is not None
+    assert [(b["first_offset"], b["last_offset"]) for b in state["state_batches"]] == [(0, 9)]
