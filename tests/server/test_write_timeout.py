@@ -10,6 +10,7 @@ import threading
 import time
 
 from persistence import FileOps
+from server.service import _Deadlines
 from tests.server.daemons import TOPIC, batch, body, init_entry, write_entry
 
 GROUP = "timeouts"
@@ -71,3 +72,26 @@ async def test_a_commit_past_the_write_timeout_answers_15_then_writes_succeed(se
     state = await api.state(GROUP, TOPIC, 0)
     assert state is not None
     assert [(b["first_offset"], b["last_offset"]) for b in state["state_batches"]] == [(0, 9)]
+
+
+async def test_the_sweep_settles_expired_waits_only():
+    loop = asyncio.get_running_loop()
+    now = [100.0]
+    deadlines = _Deadlines(1.0, lambda: now[0])
+    first, answered, later = (loop.create_future() for _ in range(3))
+    deadlines.add(first)
+    deadlines.add(answered)
+    now[0] = 100.5
+    deadlines.add(later)
+    answered.set_result({5: None})
+    deadlines.sweep()  # nothing expired yet
+    assert not first.done() and not later.done()
+    now[0] = 101.2
+    deadlines.sweep()
+    assert first.result() == {}  # timed out: settled with no failure, pending says the rest
+    assert answered.result() == {5: None}  # its own answer stands
+    assert not later.done()
+    now[0] = 101.5
+    deadlines.sweep()
+    assert later.result() == {}
+    assert deadlines.sweep_every_s == 0.1
