@@ -87,6 +87,10 @@ T = TypeVar("T")
 class Format(enum.Enum):
     """A body format, valued by its media type (what Content-Type says)."""
 
+    # Looked up in dicts on every request: the identity hash (members are singletons and
+    # compare by identity) instead of Enum's, a Python function hashing the name.
+    __hash__ = object.__hash__
+
     MSGPACK = "application/msgpack"
     JSON = "application/json"
 

@@ -30,6 +30,10 @@ from protocol.widths import Int16, Int32, Int64, NonEmptyString, TopicIdText
 class Rpc(enum.Enum):
     """The five share-group state RPCs, valued by their path segment."""
 
+    # Looked up in dicts on every request: the identity hash (members are singletons and
+    # compare by identity) instead of Enum's, a Python function hashing the name.
+    __hash__ = object.__hash__
+
     INITIALIZE = "initialize"
     READ = "read"
     WRITE = "write"
