@@ -46,7 +46,7 @@ from protocol.records import ShareKey
 from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
 from protocol.widths import Int32, NonEmptyString, TopicIdText
-from server.access_log import access_log_middleware
+from server.access_log import access_log_level, access_log_middleware
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
@@ -727,9 +727,9 @@ def direct_rpc_handler(
     of a small write's CPU (bench.ceiling against a bare aiohttp server), for routes
     that are fixed. With the access log on, everything goes through the app, so that
     every request is logged."""
-    if access_log_middleware(app[COORDINATOR].config) is not None:
-        return through_app
     coordinator = app[COORDINATOR]
+    if access_log_level(coordinator.config) is not None:
+        return through_app
     handlers = app[RPC_HANDLERS]
     checks_token = coordinator.token is not None
 

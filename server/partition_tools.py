@@ -470,6 +470,8 @@ def _place_history(fs: FileOps, data_dir: str, source: str, manifest: ExportMani
                 "copy's; move it aside first",
             )
     touched = set()
+    # The markers last, whatever order the manifest lists them in.
+    to_copy.sort(key=lambda pair: pair[0].path.startswith(f"{EXPORTS_DIR}/"))
     for copy, destination in to_copy:
         os.makedirs(os.path.dirname(destination), exist_ok=True)
         temp = os.path.join(

@@ -233,9 +233,7 @@ class CoordinatorService:
             for topic in request.topics
         ]
         if self._on_entry_results is not None:
-            self._on_entry_results(
-                rpc, {errors.COORDINATOR_NOT_AVAILABLE: request.entry_count()}
-            )
+            self._on_entry_results(rpc, {errors.COORDINATOR_NOT_AVAILABLE: request.entry_count()})
         return ShareGroupStateResponse(results)
 
     async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:
@@ -599,8 +597,8 @@ class CoordinatorService:
 
 class _Deadlines:
     """The write timeout of every request waiting for durability, kept by one task
-    instead of a timer per request (a timer and its cancellation cost about as much as
-    a tenth of the service's own work on a small write). Every wait has the same
+    instead of a timer per request (arming and cancelling a timer took ~2 us on uvloop,
+    a few percent of a small write's CPU). Every wait has the same
     timeout, so the queue is in deadline order: the sweep, a few times per timeout,
     drops the answered waits at its head and settles the expired ones with no failure,
     which leaves the barrier's ``pending`` saying which partitions did not make it. A
