@@ -265,16 +265,22 @@ def _history_root(data_dir: str) -> str | None:
 
 def _history_files(root: str, partition: int) -> list[str]:
     """The partition's history files, as paths below the root: its records first, its
-    export markers after them (a marker counts only once the files it names exist)."""
-    found = []
-    for top in (f"state_partition={partition}", f"{EXPORTS_DIR}/{partition}"):
+    export markers after them (a marker counts only once the files it names exist).
+    The markers are listed before the records: a compaction exporting meanwhile writes
+    a marker after its files, so every marker listed has its files listed too."""
+
+    def listed(top: str) -> list[str]:
+        found = []
         for directory, dirs, names in os.walk(os.path.join(root, top)):
             dirs.sort()
             for name in sorted(names):
                 if not name.startswith("."):  # a writer's temporary file
                     path = os.path.relpath(os.path.join(directory, name), root)
                     found.append(path.replace(os.sep, "/"))
-    return found
+        return found
+
+    markers = listed(f"{EXPORTS_DIR}/{partition}")
+    return listed(f"state_partition={partition}") + markers
 
 
 def _copy_history(fs: FileOps, data_dir: str, partition: int, target: str) -> list[HistoryCopy]:
