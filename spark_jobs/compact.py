@@ -68,7 +68,7 @@ from spark_jobs.columns import DecodedValues, Value, decode_values
 from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.history import SegmentRecords, export_segment
 from spark_jobs.preflight import anything_to_compact
-from spark_jobs.sealed import RawRecord, read_sealed_segment
+from spark_jobs.sealed import RawRecord, iter_sealed_segments
 from spark_jobs.session import Progress, spark_session, task_count
 
 if TYPE_CHECKING:
@@ -211,20 +211,15 @@ class _SealedRead:
 
 def _read_sealed(segments: Sequence[SegmentInfo]) -> list[_SealedRead]:
     """Every sealed segment (all but the newest), verified and decoded."""
-    out = []
-    last_offset = -1
-    for index, segment in enumerate(segments[:-1]):
-        read = read_sealed_segment(
-            segment.path,
-            segment.base_offset,
-            after_offset=last_offset,
-            below_offset=segments[index + 1].base_offset,
+    return [
+        _SealedRead(
+            os.path.basename(segment.path),
+            read.fingerprint,
+            read.records,
+            decode_values(read.records),
         )
-        name = os.path.basename(segment.path)
-        out.append(_SealedRead(name, read.fingerprint, read.records, decode_values(read.records)))
-        if read.last_offset is not None:
-            last_offset = read.last_offset
-    return out
+        for segment, read in iter_sealed_segments(segments)
+    ]
 
 
 def _export(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple, NoReturn
 
 from persistence import LogCorruptionError, SegmentFingerprint, SegmentInfo
@@ -68,14 +68,12 @@ def read_sealed_segment(
     return SealedSegment(records, fingerprint, records[-1][0] if records else None)
 
 
-def read_sealed_segments(
+def iter_sealed_segments(
     segments: Sequence[SegmentInfo],
-) -> tuple[list[RawRecord], list[SegmentFingerprint]]:
-    """Every record of a partition's sealed segments, in order, and each segment's
-    fingerprint. `segments` is the partition's whole list: the newest (active) one only
-    bounds the last sealed one's offsets and is not read."""
-    records: list[RawRecord] = []
-    fingerprints = []
+) -> Iterator[tuple[SegmentInfo, SealedSegment]]:
+    """Each of a partition's sealed segments with what it holds, in order, each read
+    after the last offset of the one before. `segments` is the partition's whole list:
+    the newest (active) one only bounds the last sealed one's offsets and is not read."""
     last_offset = -1
     for index, segment in enumerate(segments[:-1]):
         read = read_sealed_segment(
@@ -84,10 +82,21 @@ def read_sealed_segments(
             after_offset=last_offset,
             below_offset=segments[index + 1].base_offset,
         )
-        records.extend(read.records)
-        fingerprints.append(read.fingerprint)
+        yield segment, read
         if read.last_offset is not None:
             last_offset = read.last_offset
+
+
+def read_sealed_segments(
+    segments: Sequence[SegmentInfo],
+) -> tuple[list[RawRecord], list[SegmentFingerprint]]:
+    """Every record of a partition's sealed segments, in order, and each segment's
+    fingerprint (see iter_sealed_segments)."""
+    records: list[RawRecord] = []
+    fingerprints = []
+    for _, read in iter_sealed_segments(segments):
+        records.extend(read.records)
+        fingerprints.append(read.fingerprint)
     return records, fingerprints
 
 
