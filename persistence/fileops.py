@@ -162,14 +162,19 @@ def keep_cut_bytes(fs: FileOps, path: str, position: int, data: bytes) -> str:
     while fs.exists(kept):
         n += 1
         kept = f"{stem}.{n}{suffix}"
-    fd = fs.open(kept, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    create_file_durably(fs, kept, data)
+    return kept
+
+
+def create_file_durably(fs: FileOps, path: str, content: bytes) -> None:
+    """Create `path` (it must not exist) holding `content`, fsynced with its directory."""
+    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
-        fs.write_all(fd, data)
+        fs.write_all(fd, content)
         fs.fsync(fd)
     finally:
         fs.close(fd)
     fs.fsync_dir(os.path.dirname(path))
-    return kept
 
 
 def unlink_if_exists(fs: FileOps, path: str) -> bool:

@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from persistence import FileOps, LogError, StateLog, partition_dir, read_meta
+from persistence.fileops import create_file_durably
 from persistence.history import EXPORTS_DIR, read_declaration, resolve_dir
 from persistence.ownership import (
     UNKNOWN,
@@ -212,7 +213,7 @@ def export_partition(
         copies = _copy_segments(fs, [path for _, path in segments], partial)
         history = _copy_history(fs, data_dir, partition, os.path.join(partial, HISTORY_DIR))
         manifest = replace(manifest, segments=tuple(copies), history=tuple(history))
-        _write_durably(fs, os.path.join(partial, EXPORT_FILE), manifest.to_json())
+        create_file_durably(fs, os.path.join(partial, EXPORT_FILE), manifest.to_json())
         if os.path.isdir(out):
             os.rmdir(out)  # the empty directory it was given
         fs.rename(partial, out)
@@ -600,16 +601,6 @@ def _open_locked(data_dir: str, num_partitions: int, only: set[int], fs: FileOps
         return StateLog.open(data_dir, num_partitions, only=only, fs=fs)
     except LogError as exc:
         raise ToolError(EXIT_FAILURE, str(exc)) from None
-
-
-def _write_durably(fs: FileOps, path: str, data: bytes) -> None:
-    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    try:
-        fs.write_all(fd, data)
-        fs.fsync(fd)
-    finally:
-        fs.close(fd)
-    fs.fsync_dir(os.path.dirname(path))
 
 
 def _remove_tree(path: str) -> None:
