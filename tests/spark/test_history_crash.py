@@ -24,7 +24,6 @@ import pytest
 from persistence import StateLog, list_segments, partition_dir
 from persistence.history import (
     HistoryConfig,
-    HistoryIndex,
     expire,
     read_exports,
     write_declaration,
@@ -34,6 +33,7 @@ from spark_jobs.logsource import Source, read_whole_partition
 from tests.spark.conftest import REPO_ROOT
 from tests.spark.histories import Appended, state_partition_of, write_log
 from tests.spark.test_audit import AVAILABLE, NUM_PARTITIONS, b, key, snap, upd
+from tests.spark.test_history import prune_as_the_daemon_does
 
 MS_PER_DAY = 86_400_000
 # Just before midnight UTC: the partition's records fall on two days, so an export
@@ -200,14 +200,8 @@ def test_retention_expires_whole_days_and_keeps_the_markers_prune_needs(
     now = MIDNIGHT_MS + retention_ms + 1  # the first day is past the retention, not the second
     expired = expire(root, data_dir, range(NUM_PARTITIONS), now, retention_ms)
     assert expired.days == [f"{partition}/2023-11-14"]
-    index = HistoryIndex.load(data_dir)
-    assert index is not None
-    with StateLog.open(data_dir, NUM_PARTITIONS) as log:
-        part = log.partition(partition)
-        part.open()
-        # The compacted segment's marker outlived its (record-less) export: prune may go.
-        mark = part.segments[-1].base_offset
-        assert part.prune(mark, lambda s: index.holds(partition, s)), "prune was held back"
+    # The compacted segment's marker outlived its (record-less) export: prune may go.
+    assert prune_as_the_daemon_does(data_dir, partition), "prune was held back"
     # What the history still holds are the second day's records, each once.
     sealed_end = read_exports(root, partition)[-1].covered_end
     second_day = [
