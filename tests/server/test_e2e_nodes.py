@@ -107,6 +107,21 @@ async def states(api: Api, partitions: list[int]) -> list[Any]:
     return [await api.state(GROUP, TOPIC, p) for p in partitions]
 
 
+async def stored_on_node0(
+    spawn: Any, tmp_path: Path, ports: dict[int, int], keys: list[int]
+) -> list[Any]:
+    """Node 0, with the cluster file before the move, writes the keys' state and stops;
+    returns the states it served."""
+    before = await asyncio.to_thread(cluster_file, tmp_path / "before.toml", ports, BEFORE)
+    async with aiohttp.ClientSession() as session:
+        node0 = await start(spawn, tmp_path, 0, ports[0], before)
+        api = Api(session, node0.url)
+        await write_state(api, keys)
+        served = await states(api, keys)
+        await stop(node0)
+    return served
+
+
 async def cli(*args: str) -> Any:
     return await asyncio.to_thread(run_cli, *args)
 
@@ -202,11 +217,7 @@ async def test_a_moved_partition_is_refused_until_its_state_is_imported(spawn, t
 
 async def test_import_refuses_a_target_that_holds_the_partition(spawn, tmp_path, ports):
     moved = partitions_in(MOVED, N, group_id=GROUP, count=1)
-    before = await asyncio.to_thread(cluster_file, tmp_path / "before.toml", ports, BEFORE)
-    async with aiohttp.ClientSession() as session:
-        node0 = await start(spawn, tmp_path, 0, ports[0], before)
-        await write_state(Api(session, node0.url), moved)
-        await stop(node0)
+    await stored_on_node0(spawn, tmp_path, ports, moved)
     out = tmp_path / "export"
     args = ["--data-dir", str(tmp_path / "node0")]
     done = await cli("partition", "export", *args, "--partition", str(MOVED), "--out", str(out))
@@ -419,12 +430,7 @@ async def test_a_partition_takes_its_history_along(spawn, tmp_path, ports):
     export carries the partition's history files (and no other partition's), checked
     like its segments, and the import puts them where the target keeps its history."""
     moved = partitions_in(MOVED, N, group_id=GROUP, count=2)
-    before = await asyncio.to_thread(cluster_file, tmp_path / "before.toml", ports, BEFORE)
-    async with aiohttp.ClientSession() as session:
-        node0 = await start(spawn, tmp_path, 0, ports[0], before)
-        await write_state(Api(session, node0.url), moved)
-        expected = await states(Api(session, node0.url), moved)
-        await stop(node0)
+    expected = await stored_on_node0(spawn, tmp_path, ports, moved)
     source = tmp_path / "node0"
     planted = await asyncio.to_thread(plant_history, source, [MOVED, 3])
     out = tmp_path / "export"
@@ -473,11 +479,7 @@ async def test_a_partition_takes_its_history_along(spawn, tmp_path, ports):
 
 async def test_an_import_keeps_another_copy_of_the_history_it_finds(spawn, tmp_path, ports):
     moved = partitions_in(MOVED, N, group_id=GROUP, count=1)
-    before = await asyncio.to_thread(cluster_file, tmp_path / "before.toml", ports, BEFORE)
-    async with aiohttp.ClientSession() as session:
-        node0 = await start(spawn, tmp_path, 0, ports[0], before)
-        await write_state(Api(session, node0.url), moved)
-        await stop(node0)
+    await stored_on_node0(spawn, tmp_path, ports, moved)
     source = tmp_path / "node0"
     planted = await asyncio.to_thread(plant_history, source, [MOVED])
     out = tmp_path / "export"
