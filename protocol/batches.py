@@ -8,6 +8,7 @@ them; every write brings new ones that must be merged into that list.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from operator import attrgetter
 
 import msgspec
@@ -46,7 +47,7 @@ class StateBatch(msgspec.Struct, frozen=True, gc=False):
 
 
 def combine_state_batches(
-    current: list[StateBatch], new: list[StateBatch], start_offset: int
+    current: Sequence[StateBatch], new: list[StateBatch], start_offset: int
 ) -> list[StateBatch]:
     """Merge ``new`` into ``current`` and drop what lies below ``start_offset``.
 
@@ -108,7 +109,7 @@ def combine_state_batches(
 
 
 def merge_batches(
-    current: list[StateBatch], current_clean: bool, new: list[StateBatch], start_offset: int
+    current: Sequence[StateBatch], current_clean: bool, new: list[StateBatch], start_offset: int
 ) -> tuple[list[StateBatch], bool]:
     """``combine_state_batches``, told whether ``current`` is clean (see ``is_clean``),
     and saying whether its output is, so a caller that keeps the flag with the stored
@@ -131,7 +132,7 @@ def merge_batches(
         current = _prune_clean(current, start_offset)
         new = prune_batches(new, start_offset)
     if not new:
-        return current, True
+        return list(current), True
     if len(current) + len(new) < 2:
         return [*current, *new], True
     remaining = list(current)
@@ -150,7 +151,7 @@ def merge_batches(
     return _walk(remaining, head, len(remaining) - 1 - last_at)
 
 
-def is_clean(batches: list[StateBatch], lo: int = 0, hi: int | None = None) -> bool:
+def is_clean(batches: Sequence[StateBatch], lo: int = 0, hi: int | None = None) -> bool:
     """Whether ``batches[lo:hi]`` is in the combiner's tidy shape: each batch valid
     (first <= last), sorted, and no two neighbours overlapping or touching with the same
     info. Combiner output always is, but for what partial coalescing leaves behind."""
@@ -175,7 +176,7 @@ def is_clean(batches: list[StateBatch], lo: int = 0, hi: int | None = None) -> b
 
 
 def _combine(
-    current: list[StateBatch], new: list[StateBatch], start_offset: int
+    current: Sequence[StateBatch], new: list[StateBatch], start_offset: int
 ) -> list[StateBatch]:
     """The general case: any input at all, inverted batches included."""
     batches = [*current, *new]
@@ -216,7 +217,7 @@ def _prune(batches: list[StateBatch], start_offset: int) -> list[StateBatch]:
     return pruned
 
 
-def _prune_clean(batches: list[StateBatch], start_offset: int) -> list[StateBatch]:
+def _prune_clean(batches: Sequence[StateBatch], start_offset: int) -> Sequence[StateBatch]:
     """``_prune`` of a clean list: its last offsets ascend, so the batches that end
     below the start are a prefix, and only the first batch left can straddle it."""
     at = bisect_left(batches, start_offset, key=_last_offset)

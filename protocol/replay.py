@@ -17,7 +17,12 @@ from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, Sh
 
 class ShareGroupOffset(msgspec.Struct, frozen=True, gc=False):
     """The stored state of one share-partition (Kafka's ShareGroupOffset). Replaced,
-    never changed: a reader holding the previous one keeps seeing it."""
+    never changed: a reader holding the previous one keeps seeing it.
+
+    Its batches are a tuple: a list is tracked by the garbage collector for as long as
+    it lives (one per share-partition, each walked by every full collection), while
+    CPython stops tracking a tuple of untracked objects (StateBatch is one) the first
+    time a collection sees it."""
 
     snapshot_epoch: int
     state_epoch: int
@@ -25,7 +30,7 @@ class ShareGroupOffset(msgspec.Struct, frozen=True, gc=False):
     start_offset: int
     create_timestamp: int
     write_timestamp: int
-    state_batches: list[StateBatch]
+    state_batches: tuple[StateBatch, ...]
     delivery_complete_count: int = -1
 
 
@@ -107,7 +112,7 @@ class ShareStateMap:
             record.start_offset,
             record.create_timestamp,
             record.write_timestamp,
-            record.state_batches,
+            tuple(record.state_batches),
             record.delivery_complete_count,
         )
         # Fences are maxima over the key's history (docs/semantics.md §4.1-2); the fence fields of
@@ -149,7 +154,7 @@ class ShareStateMap:
                 record.start_offset,
                 0,
                 0,
-                record.state_batches,
+                tuple(record.state_batches),
                 record.delivery_complete_count,
             )
             entry = KeyState(state, record.leader_epoch, None, key_bytes)
@@ -172,7 +177,7 @@ class ShareStateMap:
             start,
             old.create_timestamp,
             old.write_timestamp,
-            batches,
+            tuple(batches),
             old.delivery_complete_count
             if record.delivery_complete_count == -1
             else record.delivery_complete_count,

@@ -172,7 +172,12 @@ class ShareCoordinatorShard:
             return None, _failed_read(key, errors.UNKNOWN_TOPIC_OR_PARTITION)
         stored = state.state
         result = ReadPartitionResult(
-            key.partition, 0, None, stored.state_epoch, stored.start_offset, stored.state_batches
+            key.partition,
+            0,
+            None,
+            stored.state_epoch,
+            stored.start_offset,
+            list(stored.state_batches),
         )
         if leader_epoch in (-1, state.leader_fence):
             return None, result
@@ -257,7 +262,7 @@ class ShareCoordinatorShard:
             stored.leader_epoch,
             stored.start_offset,
             stored.delivery_complete_count,
-            stored.state_batches,
+            list(stored.state_batches),
             Fencing(state.state_fence, state.leader_fence),
         )
 
@@ -295,7 +300,7 @@ class ShareCoordinatorShard:
                         stored.start_offset,
                         stored.create_timestamp,
                         now,
-                        stored.state_batches,
+                        list(stored.state_batches),
                         stored.delivery_complete_count,
                         state.leader_fence,
                         _max_state_fence(state, stored.state_epoch),

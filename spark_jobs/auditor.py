@@ -11,7 +11,7 @@ resuming and replaying k+1..n find the same violations.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -220,13 +220,12 @@ class Auditor:
         except msgspec.MsgspecError as exc:
             raise ValueError(f"the audit checkpoint of partition {partition}: {exc}") from None
         for k in state.keys:
-            key = ShareKey(*k.key)
             entry = KeyState(k.state, k.leader_fence, k.state_fence)
             entry.update_count, entry.snapshot_offset = k.update_count, k.snapshot_offset
-            auditor.state.keys[key] = entry
+            auditor.state.keys[k.key] = entry
         auditor.histogram = {(g, c): n for g, c, n in state.histogram}
-        auditor.log_records = {ShareKey(*k): n for k, n in state.log_records}
-        auditor.open_range = {ShareKey(*k): tuple(p) for k, p in state.open_range}  # type: ignore[misc]
+        auditor.log_records = dict(state.log_records)
+        auditor.open_range = dict(state.open_range)
         auditor.redelivered = [tuple(r) for r in state.redelivered]
         auditor.since = state.since
         if state.since.last_offset is not None:
@@ -324,7 +323,9 @@ class Auditor:
             )
         )
 
-    def _retire(self, key: ShareKey, before: list[StateBatch], after: list[StateBatch]) -> None:
+    def _retire(
+        self, key: ShareKey, before: Sequence[StateBatch], after: Sequence[StateBatch]
+    ) -> None:
         """Offsets covered before and not after leave the state with the count they had:
         into the histogram, and into the candidates for the most redelivered."""
         for piece in _minus(_pieces(before), _pieces(after)):
@@ -394,7 +395,7 @@ class Auditor:
         return result
 
 
-def _pieces(batches: list[StateBatch]) -> list[Piece]:
+def _pieces(batches: Sequence[StateBatch]) -> list[Piece]:
     """The batches as ``(first, last, state, count)`` tuples, sorted."""
     return sorted(
         (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in batches
@@ -441,7 +442,7 @@ def _redelivered_order(row: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 class _KeyDump(msgspec.Struct, array_like=True):
-    key: tuple[str, str, int]
+    key: ShareKey
     state: ShareGroupOffset
     leader_fence: int
     state_fence: int | None
@@ -452,8 +453,8 @@ class _KeyDump(msgspec.Struct, array_like=True):
 class _Dump(msgspec.Struct):
     keys: list[_KeyDump]
     histogram: list[tuple[str, int, int]]
-    log_records: list[tuple[tuple[str, str, int], int]]
-    open_range: list[tuple[tuple[str, str, int], tuple[int, int, int, int]]]
+    log_records: list[tuple[ShareKey, int]]
+    open_range: list[tuple[ShareKey, tuple[int, int, int, int]]]
     redelivered: list[tuple[str, str, int, int, int, int, int]]
     since: Window
     violations: dict[str, int]

@@ -77,7 +77,7 @@ _RECORDS_PER_SNAPSHOT = 500
 
 # Stands in for a key's state before its tail replays: the tail starts with a snapshot,
 # which replaces it.
-_PLACEHOLDER = ShareGroupOffset(0, 0, 0, -1, 0, 0, [])
+_PLACEHOLDER = ShareGroupOffset(0, 0, 0, -1, 0, 0, ())
 
 
 @dataclass
@@ -241,7 +241,7 @@ def _folded_snapshot(
             state.start_offset,
             state.create_timestamp,
             state.write_timestamp,
-            state.state_batches,
+            list(state.state_batches),
             state.delivery_complete_count,
             leader_fence,
             state_fence,

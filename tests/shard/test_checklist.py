@@ -5,6 +5,8 @@ tested with the codec and the daemon (tests/protocol/test_codec.py, tests/server
 
 from __future__ import annotations
 
+import msgspec
+
 from protocol import errors
 from protocol.batches import StateBatch, combine_state_batches
 from protocol.records import ShareSnapshot, ShareTombstone, ShareUpdate
@@ -94,7 +96,7 @@ def test_16_9_metadata_after_fencing_for_read_write_init_and_before_existence_fo
     assert h.read(leader_epoch=3)[1].error_code == errors.FENCED_LEADER_EPOCH
     assert h.write(leader_epoch=3)[1].error_code == errors.FENCED_LEADER_EPOCH
     assert h.initialize(state_epoch=3)[1].error_code == errors.FENCED_STATE_EPOCH
-    absent = KEY._replace(partition=5)
+    absent = msgspec.structs.replace(KEY, partition=5)
     assert h.apply(DeleteOp(absent))[1].error_code == errors.UNKNOWN_TOPIC_OR_PARTITION
 
 

@@ -83,7 +83,7 @@ def test_4_snapshot_3_replaces_the_state_verbatim_without_merging_batches():
         ),
     )
     state = s.key_state(KEY).state
-    assert state == ShareGroupOffset(1, 2, 3, 20, 7, 8, [batch(20, 29, 2, 2)], 4)
+    assert state == ShareGroupOffset(1, 2, 3, 20, 7, 8, (batch(20, 29, 2, 2),), 4)
 
 
 def test_4_snapshot_3_state_leader_epoch_can_be_below_the_fence():
@@ -164,7 +164,7 @@ def test_4_update_2_without_state_becomes_the_state_with_epoch_and_timestamps_ze
         0, update(snapshot_epoch=3, leader_epoch=2, start_offset=5, batches=[batch(5, 9)], dcc=2)
     )
     entry = s.key_state(KEY)
-    assert entry.state == ShareGroupOffset(3, 0, 2, 5, 0, 0, [batch(5, 9)], 2)
+    assert entry.state == ShareGroupOffset(3, 0, 2, 5, 0, 0, (batch(5, 9),), 2)
     assert entry.state_fence is None
 
 
@@ -175,7 +175,7 @@ def test_4_update_2_merges_start_offset_leader_epoch_and_batches():
     state = s.key_state(KEY).state
     assert state.start_offset == 4
     assert state.leader_epoch == 3
-    assert state.state_batches == [batch(4, 7), batch(8, 12, 2, 1)]
+    assert state.state_batches == (batch(4, 7), batch(8, 12, 2, 1))
     assert (state.create_timestamp, state.write_timestamp) == (5, 6)
 
 
@@ -191,7 +191,7 @@ def test_4_update_2_minus_one_start_offset_disables_pruning_of_old_batches():
     s = shard()
     s.replay(0, snapshot(start_offset=-1, batches=[batch(0, 4)]))
     s.replay(1, update(start_offset=-1, batches=[batch(5, 9, 2, 1)]))
-    assert s.key_state(KEY).state.state_batches == [batch(0, 4), batch(5, 9, 2, 1)]
+    assert s.key_state(KEY).state.state_batches == (batch(0, 4), batch(5, 9, 2, 1))
 
 
 def test_4_update_2_keeps_snapshot_epoch_state_epoch_and_timestamps():
@@ -287,8 +287,16 @@ def test_the_state_of_a_key_is_not_tracked_by_the_garbage_collector():
     s = shard()
     s.replay(0, snapshot())
     s.replay(1, update(batches=[batch(5, 9, 2, 1)]))
-    s.replay(2, snapshot(key=OTHER_KEY))
+    s.replay(2, snapshot(key=OTHER_KEY, batches=[batch(0, 4)]))
     entries = [s.key_state(KEY), s.key_state(OTHER_KEY)]
     assert all(e is not None for e in entries)
     assert not any(gc.is_tracked(e) for e in entries)
     assert not any(gc.is_tracked(e.state) for e in entries if e is not None)
+    # Nor is its key, which lives as long: a NamedTuple key stays tracked for good.
+    assert sorted(s) == sorted([KEY, OTHER_KEY])
+    assert not any(gc.is_tracked(key) for key in s)
+    # Its batches are a tuple of untracked batches, which the first collection to see
+    # it stops tracking (a list would stay tracked, one per share-partition).
+    gc.collect()
+    assert all(e.state.state_batches for e in entries if e is not None)
+    assert not any(gc.is_tracked(e.state.state_batches) for e in entries if e is not None)

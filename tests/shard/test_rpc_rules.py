@@ -451,7 +451,7 @@ def test_a1_10_admin_state_shows_state_and_fencing_without_side_effects():
     before = list(h.log)
     admin = h.shard.admin_state(KEY)
     assert h.log == before
-    assert (admin.group_id, admin.topic_id, admin.partition) == KEY
+    assert ShareKey(admin.group_id, admin.topic_id, admin.partition) == KEY
     assert (admin.snapshot_epoch, admin.state_epoch, admin.leader_epoch) == (0, 2, 3)
     assert (admin.start_offset, admin.delivery_complete_count) == (5, 0)
     assert (admin.fencing.state_epoch, admin.fencing.leader_epoch) == (2, 3)
