@@ -12,8 +12,10 @@ Writes bench/results/latest.{json,md,png} and prints the Markdown table.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
@@ -419,12 +421,28 @@ def memory_scenario(work: Path, share_partitions: int) -> dict[str, Any]:
     loaded = _rss_when_ready(built.data_dir)
     per_key = (loaded - empty) / built.keys
     _say(f"  {per_key:,.0f} bytes resident per share-partition")
+    # bench/gc_pause.py, in a fresh interpreter: the same state, loaded the same way.
+    pause = json.loads(
+        subprocess.run(
+            [sys.executable, "-m", "bench.gc_pause", str(built.data_dir)],
+            env=python_env(),
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    _say(
+        f"  a full garbage collection: {pause['full_collection_ms']:.1f} ms, "
+        f"{pause['tracked_objects']:,} tracked objects"
+    )
     return {
         "name": "resident memory per idle share-partition",
         "share_partitions": built.keys,
         "rss_empty_mib": empty / 2**20,
         "rss_loaded_mib": loaded / 2**20,
         "bytes_per_share_partition": per_key,
+        "full_collection_ms": pause["full_collection_ms"],
+        "tracked_objects": pause["tracked_objects"],
         "note": f"{built.records:,} records: one initialize and {writes} writes each",
     }
 

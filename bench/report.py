@@ -108,6 +108,13 @@ def markdown(results: dict[str, Any]) -> str:
             f"{row['rss_empty_mib']:.0f} MiB | {row['rss_loaded_mib']:.0f} MiB | "
             f"{_fmt(row['bytes_per_share_partition'])} | {row.get('note', '')} |",
         ]
+        if "full_collection_ms" in row:  # results saved before bench/gc_pause.py lack it
+            lines += [
+                "",
+                f"A full garbage collection with that state loaded (bench/gc_pause.py): "
+                f"{row['full_collection_ms']:.1f} ms, {_fmt(row['tracked_objects'])} objects "
+                "tracked by the collector.",
+            ]
     notes = results.get("notes") or []
     if notes:
         lines += ["", "## Notes", ""] + [f"* {note}" for note in notes]
