@@ -20,6 +20,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.planted_history import history_of, plant_history
 from tests.server.daemons import (
     INITIAL,
     REPO_ROOT,
@@ -154,3 +155,37 @@ async def test_copies_of_a_busy_daemon_restore_to_a_state_it_had(
                 )
         assert await asyncio.to_thread(restored.terminate) == 0
         await asyncio.to_thread(shutil.rmtree, backup)
+
+
+@pytest.mark.asyncio
+async def test_the_copy_carries_the_history(spawn, tmp_path: Path) -> None:
+    """A history inside the data directory (what compaction leaves: history.json, Parquet
+    files, export markers) is in the copy byte for byte; without it the restored node
+    would lose the audit trail of everything compaction had folded."""
+    script = tmp_path / "sharecoord-backup"
+    await asyncio.to_thread(script.write_text, await asyncio.to_thread(backup_script))
+    data_dir = tmp_path / "data"
+    daemon = await spawn(data_dir, partitions=NUM_PARTITIONS)
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url, "msgpack")
+        init = [{"partition": k, "state_epoch": 1, "start_offset": 0} for k in range(KEYS)]
+        assert await api.codes("initialize", body(GROUP, (TOPIC, init))) == [0] * KEYS
+    planted = await asyncio.to_thread(plant_history, data_dir, [1, 5])
+    backup = tmp_path / "backup"
+    done = await asyncio.to_thread(run_script, script, data_dir, backup)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines()[-1].startswith("ok:"), done.stdout
+    assert await asyncio.to_thread((backup / "history.json").read_bytes) == (
+        await asyncio.to_thread((data_dir / "history.json").read_bytes)
+    )
+    for partition, files in planted.items():
+        assert await asyncio.to_thread(history_of, backup / "history", partition) == files
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    restored = await spawn(backup, partitions=NUM_PARTITIONS)
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, restored.url)
+        partitions = (await api.request("GET", "/v1/admin/partitions")).body
+        assert {p["status"] for p in partitions["partitions"]} == {"active"}, partitions
+        for key in range(KEYS):
+            assert INITIAL.matches(await api.state(GROUP, TOPIC, key))
+    assert await asyncio.to_thread(restored.terminate) == 0

@@ -17,17 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from persistence.history import (
-    ExportedFile,
-    HistoryConfig,
-    SegmentExport,
-    data_path,
-    fingerprint,
-    marker_path,
-    resolve_dir,
-    write_declaration,
-    write_marker,
-)
+from tests.planted_history import history_of, plant_history
 from tests.server.daemons import (
     TOPIC,
     Api,
@@ -389,40 +379,6 @@ async def test_a_data_directory_without_owner_files_is_upgraded_in_place(spawn, 
     owners = await asyncio.to_thread(owner_files, data)
     assert all('"origin": "migrated"' in owner for owner in owners)
     assert await asyncio.to_thread((data / "ASSIGNMENT").exists)
-
-
-def plant_history(data: Path, partitions: list[int]) -> dict[int, dict[str, bytes]]:
-    """A history as compaction leaves one (history.json, a Parquet file and its export
-    marker per partition), its bytes by path below the root, per partition. The tools
-    copy bytes; what the files say is the Spark jobs' business."""
-    root = resolve_dir(str(data), None)
-    write_declaration(str(data), HistoryConfig(root, -1))
-    planted: dict[int, dict[str, bytes]] = {}
-    for p in partitions:
-        segment = fingerprint(f"{0:020d}.log", 1000 + p, 7)
-        day = "2026-11-20"
-        parquet = data_path(root, p, day, segment)
-        os.makedirs(os.path.dirname(parquet))
-        Path(parquet).write_bytes(os.urandom(300 + p))
-        relative = os.path.relpath(parquet, root)
-        write_marker(
-            root,
-            SegmentExport(p, segment, 0, 9, 10, (ExportedFile(relative, day, 10, 0, 9),)),
-        )
-        marker = marker_path(root, p, segment)
-        planted[p] = {
-            os.path.relpath(path, root): Path(path).read_bytes() for path in (parquet, marker)
-        }
-    return planted
-
-
-def history_of(root: Path, partition: int) -> dict[str, bytes]:
-    return {
-        str(path.relative_to(root)): path.read_bytes()
-        for top in (root / f"state_partition={partition}", root / "_exports" / str(partition))
-        for path in top.rglob("*")
-        if path.is_file()
-    }
 
 
 async def test_a_partition_takes_its_history_along(spawn, tmp_path, ports):
