@@ -9,13 +9,16 @@ what was acknowledged before the script started, at most what was sent before it
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -86,6 +89,18 @@ async def write_forever(api: Api, keys: list[int], history: History, seed: int) 
         history.acked[key] = len(history.states[key]) - 1
 
 
+@contextlib.asynccontextmanager
+async def restored(spawn: Any, backup: Path) -> AsyncIterator[Api]:
+    """A daemon on the copy, with every state partition active; stopped cleanly after."""
+    daemon = await spawn(backup, partitions=NUM_PARTITIONS)
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url)
+        partitions = (await api.request("GET", "/v1/admin/partitions")).body
+        assert {p["status"] for p in partitions["partitions"]} == {"active"}, partitions
+        yield api
+    assert await asyncio.to_thread(daemon.terminate) == 0
+
+
 def run_script(script: Path, data_dir: Path, backup: Path) -> subprocess.CompletedProcess[str]:
     env = child_env()
     env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
@@ -141,11 +156,7 @@ async def test_copies_of_a_busy_daemon_restore_to_a_state_it_had(
     assert await asyncio.to_thread(daemon.terminate) == 0
 
     for backup, acked_before, sent_after in windows:
-        restored = await spawn(backup, partitions=NUM_PARTITIONS)
-        async with aiohttp.ClientSession() as session:
-            api = Api(session, restored.url)
-            partitions = (await api.request("GET", "/v1/admin/partitions")).body
-            assert {p["status"] for p in partitions["partitions"]} == {"active"}, partitions
+        async with restored(spawn, backup) as api:
             for key in range(KEYS):
                 state = await api.state(GROUP, TOPIC, key)
                 window = history.states[key][acked_before[key] : sent_after[key] + 1]
@@ -153,7 +164,6 @@ async def test_copies_of_a_busy_daemon_restore_to_a_state_it_had(
                     f"{backup.name}, key {key}: {state} is none of the states "
                     f"{acked_before[key]}..{sent_after[key]}"
                 )
-        assert await asyncio.to_thread(restored.terminate) == 0
         await asyncio.to_thread(shutil.rmtree, backup)
 
 
@@ -181,11 +191,6 @@ async def test_the_copy_carries_the_history(spawn, tmp_path: Path) -> None:
     for partition, files in planted.items():
         assert await asyncio.to_thread(history_of, backup / "history", partition) == files
     assert await asyncio.to_thread(daemon.terminate) == 0
-    restored = await spawn(backup, partitions=NUM_PARTITIONS)
-    async with aiohttp.ClientSession() as session:
-        api = Api(session, restored.url)
-        partitions = (await api.request("GET", "/v1/admin/partitions")).body
-        assert {p["status"] for p in partitions["partitions"]} == {"active"}, partitions
+    async with restored(spawn, backup) as api:
         for key in range(KEYS):
             assert INITIAL.matches(await api.state(GROUP, TOPIC, key))
-    assert await asyncio.to_thread(restored.terminate) == 0
