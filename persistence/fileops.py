@@ -143,12 +143,7 @@ def read_file(fs: FileOps, path: str) -> bytes:
 def write_file_atomically(fs: FileOps, path: str, content: bytes) -> None:
     """Write temp, fsync it, rename over `path`, fsync the directory."""
     temp = path + ".tmp"
-    fd = fs.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        fs.write_all(fd, content)
-        fs.fsync(fd)
-    finally:
-        fs.close(fd)
+    _write_and_fsync(fs, temp, os.O_TRUNC, content)  # a crash may have left one
     fs.rename(temp, path)
     fs.fsync_dir(os.path.dirname(path) or ".")
 
@@ -168,13 +163,19 @@ def keep_cut_bytes(fs: FileOps, path: str, position: int, data: bytes) -> str:
 
 def create_file_durably(fs: FileOps, path: str, content: bytes) -> None:
     """Create `path` (it must not exist) holding `content`, fsynced with its directory."""
-    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    _write_and_fsync(fs, path, os.O_EXCL, content)
+    fs.fsync_dir(os.path.dirname(path))
+
+
+def _write_and_fsync(fs: FileOps, path: str, flags: int, content: bytes) -> None:
+    """Open `path` for writing (created if missing; `flags` say what if it exists),
+    write all of `content` and fsync it."""
+    fd = fs.open(path, os.O_WRONLY | os.O_CREAT | flags)
     try:
         fs.write_all(fd, content)
         fs.fsync(fd)
     finally:
         fs.close(fd)
-    fs.fsync_dir(os.path.dirname(path))
 
 
 def unlink_if_exists(fs: FileOps, path: str) -> bool:
