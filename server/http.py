@@ -50,6 +50,7 @@ from server.access_log import access_log_level, access_log_middleware
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
+from server.connection import ServerHandler
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import CounterChild, ShareCoordinatorMetrics
 from server.routes import Answer, Param, Route
@@ -717,9 +718,7 @@ async def _load_all(runtimes: dict[int, PartitionRuntime]) -> None:
     )
 
 
-def direct_rpc_handler(
-    app: web.Application, through_app: Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-) -> Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]:
+def direct_rpc_handler(app: web.Application, through_app: ServerHandler) -> ServerHandler:
     """The server's request handler: a POST to one of the five RPCs goes straight to its
     handler, with what the middlewares would do around it (the bearer check, the error
     body, the deadline on the answer); every other request goes `through_app` (router
