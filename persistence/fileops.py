@@ -20,6 +20,10 @@ calls on a descriptor, the path it was opened with); directory paths end with "/
 the test, so "partitions/3/" matches partition 3's directory and every file in it.
 `after` lets that many matching calls through first; `times` is how many calls fail
 (None: until cleared). A write fault with `short_write` writes half the bytes, then fails.
+
+A write that fails leaves no file of its own behind: `write_file_atomically` removes its
+temporary file and `create_file_durably` the file it created, so a full disk that refuses
+them leaves no empty or partial file (and a retry does not pile them up).
 """
 
 from __future__ import annotations
@@ -47,6 +51,9 @@ OPS = frozenset(
     }
 )
 FAILPOINTS_ENV = "SHARECOORD_FAILPOINTS"
+# The errors of a disk (or a quota) with no room left: what a retry once space returns
+# cures, unlike an I/O error.
+DISK_FULL_ERRNOS = frozenset({errno_module.ENOSPC, errno_module.EDQUOT})
 
 _log = logging.getLogger("sharecoord.log")
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
@@ -128,6 +135,17 @@ class FileOps:
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    def free_bytes(self, path: str) -> int:
+        """Bytes free on the file system holding `path` (those reserved for root
+        included: any growth means something was freed)."""
+        stat = os.statvfs(path)
+        return stat.f_bfree * stat.f_frsize
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """Whether `exc` says the disk (or the quota) has no room left."""
+    return isinstance(exc, OSError) and exc.errno in DISK_FULL_ERRNOS
+
 
 def read_file(fs: FileOps, path: str) -> bytes:
     fd = fs.open(path, os.O_RDONLY)
@@ -143,8 +161,12 @@ def read_file(fs: FileOps, path: str) -> bytes:
 def write_file_atomically(fs: FileOps, path: str, content: bytes) -> None:
     """Write temp, fsync it, rename over `path`, fsync the directory."""
     temp = path + ".tmp"
-    _write_and_fsync(fs, temp, os.O_TRUNC, content)  # a crash may have left one
-    fs.rename(temp, path)
+    try:
+        _write_and_fsync(fs, temp, os.O_TRUNC, content)  # a crash may have left one
+        fs.rename(temp, path)
+    except BaseException:
+        _remove_quietly(fs, temp)
+        raise
     fs.fsync_dir(os.path.dirname(path) or ".")
 
 
@@ -163,19 +185,35 @@ def keep_cut_bytes(fs: FileOps, path: str, position: int, data: bytes) -> str:
 
 def create_file_durably(fs: FileOps, path: str, content: bytes) -> None:
     """Create `path` (it must not exist) holding `content`, fsynced with its directory."""
-    _write_and_fsync(fs, path, os.O_EXCL, content)
+    _write_and_fsync(fs, path, os.O_EXCL, content, remove_on_failure=True)
     fs.fsync_dir(os.path.dirname(path))
 
 
-def _write_and_fsync(fs: FileOps, path: str, flags: int, content: bytes) -> None:
+def _write_and_fsync(
+    fs: FileOps, path: str, flags: int, content: bytes, *, remove_on_failure: bool = False
+) -> None:
     """Open `path` for writing (created if missing; `flags` say what if it exists),
-    write all of `content` and fsync it."""
+    write all of `content` and fsync it; with `remove_on_failure`, a failed write or
+    fsync removes the file it opened (it created it: O_EXCL)."""
     fd = fs.open(path, os.O_WRONLY | os.O_CREAT | flags)
     try:
         fs.write_all(fd, content)
         fs.fsync(fd)
-    finally:
+    except BaseException:
         fs.close(fd)
+        if remove_on_failure:
+            _remove_quietly(fs, path)
+        raise
+    fs.close(fd)
+
+
+def _remove_quietly(fs: FileOps, path: str) -> None:
+    """Remove a file a failed write left; the write's own error is the one to report."""
+    try:
+        fs.unlink(path)
+    except OSError as exc:
+        if not isinstance(exc, FileNotFoundError):
+            _log.warning("%s: left behind after a failed write (%s)", path, exc)
 
 
 def unlink_if_exists(fs: FileOps, path: str) -> bool:
