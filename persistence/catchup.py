@@ -117,7 +117,11 @@ def catch_up(
                         path, end, f"the journal goes on at record {offset}, not {next_offset}"
                     )
                 frame = entry.frames[span_start:span_end]
-                fs.pwrite_all(fd, frame, end)
+                try:
+                    fs.pwrite_all(fd, frame, end)
+                except OSError:
+                    _cut_quietly(fs, fd, path, end)
+                    raise
                 end += len(frame)
                 next_offset += 1
                 appended += 1
@@ -140,6 +144,16 @@ def catch_up(
         appended,
         (base, end, next_offset),
     )
+
+
+def _cut_quietly(fs: FileOps, fd: int, path: str, end: int) -> None:
+    """After a failed write (a full disk): cut what part of the frame landed, so the
+    next try finds whole frames only, not a tail to keep as .broken. Cutting needs no
+    space; if it fails all the same, the next try cuts it as any unsynced tail."""
+    try:
+        fs.truncate(fd, end)
+    except OSError as exc:
+        _log.warning("%s: a partly written frame not cut at byte %d (%s)", path, end, exc)
 
 
 def _files_position(

@@ -22,6 +22,15 @@ whose sync fails keeps the journal from shrinking below its frames; past
 `journal_max_bytes` the committer refuses writes (`refusing_writes`) until a checkpoint
 gets through.
 
+A full disk (ENOSPC, EDQUOT) is met before any record is lost to it: the journal keeps
+its next segment made ahead of need, and when the disk has no room for it (or for the
+writes that end the data directory's open, StateLog.finish_opening), the committer
+reports the disk full (`disk_full`, `on_disk_full`), and the service refuses writes
+(15) before they reach a shard, while reads go on. It tries again each time the free
+space grows (room.py), and reports the room back once the segment is made. A cycle
+whose journal record the disk refuses all the same (a record larger than a segment)
+fails as any, and reports the disk full too.
+
 Measured (bench/group_commit.py): a cycle's fsync time no longer grows with the number
 of dirty partitions; see bench/results.
 """
@@ -38,8 +47,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from persistence.errors import DurabilityError, LogError, PartitionFailedError
+from persistence.fileops import is_disk_full
 from persistence.journal import Journal
 from persistence.partition import PartitionLog, PendingBatch
+from persistence.room import DISK_FULL_RETRY_S, RoomWatch
 from persistence.statelog import StateLog
 
 _log = logging.getLogger("sharecoord.log")
@@ -55,6 +66,8 @@ FailureCallback = Callable[[int, BaseException], None]
 CycleCallback = Callable[[int, list[float]], None]
 # After each checkpoint: how long it took, and how many partitions it synced.
 CheckpointCallback = Callable[[float, int], None]
+# The disk is full (the error that said so), or has room again (None).
+DiskFullCallback = Callable[[BaseException | None], None]
 
 
 class DurabilityBarrier:
@@ -95,6 +108,8 @@ class GroupCommitter:
         checkpoint_interval_ms: int = DEFAULT_CHECKPOINT_INTERVAL_MS,
         checkpoint_bytes: int = DEFAULT_CHECKPOINT_BYTES,
         journal_max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES,
+        on_disk_full: DiskFullCallback | None = None,
+        room: RoomWatch | None = None,
     ) -> None:
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
@@ -129,6 +144,11 @@ class GroupCommitter:
         self._last_checkpoint = time.monotonic()
         self.cycles = 0  # commit cycles that wrote something
         self.checkpoints = 0
+        self._on_disk_full = on_disk_full
+        self._room = room or RoomWatch(log.fs, log.data_dir)
+        self._disk_full: BaseException | None = None
+        self._making_room: asyncio.Task[None] | None = None
+        self._ready_again = False
 
     def start(self) -> None:
         """Start committing, on the running event loop."""
@@ -140,13 +160,21 @@ class GroupCommitter:
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name="group-commit")
         self._ticker = loop.create_task(self._tick(), name="checkpoint-ticker")
-        # The journal's first segments, ahead of the first cycle.
-        self._checkpointer.submit(self._journal.ensure_spare)
+        # The journal's first segments, ahead of the first cycle (and the end of the
+        # data directory's open, if a full disk held it back).
+        self._make_ready()
 
     @property
     def journal_bytes(self) -> int:
         """Journal bytes no checkpoint has freed yet."""
         return max(0, self._journal.end_lsn - self._log.checkpoint.lowest_lsn())
+
+    @property
+    def disk_full(self) -> BaseException | None:
+        """The error of a full disk that keeps the journal from taking records (no room
+        for its next segment, or for the end of the open), or None. Writes must be
+        refused (15) before they reach a shard while it is set; reads go on."""
+        return self._disk_full
 
     @property
     def refusing_writes(self) -> bool:
@@ -168,10 +196,18 @@ class GroupCommitter:
         finally:
             if self._ticker is not None:
                 self._ticker.cancel()
+            if self._making_room is not None:
+                self._making_room.cancel()
+                await asyncio.gather(self._making_room, return_exceptions=True)
             if self._checkpoint_task is not None:
                 await asyncio.gather(self._checkpoint_task, return_exceptions=True)
             try:
                 await self._checkpoint()
+            except OSError as exc:
+                # The disk, not a bug: a line (the journal keeps it all for the next start).
+                _log.warning(
+                    "the last checkpoint failed (%s); the journal keeps what it covers", exc
+                )
             except Exception:
                 _log.exception("the last checkpoint failed; the journal keeps what it covers")
             await asyncio.to_thread(self._executor.shutdown, True)
@@ -273,12 +309,26 @@ class GroupCommitter:
                 self._release(partition)
         if not batches:
             return
+        if self._log.opening_unfinished:
+            # No record before the open's CHECKPOINT (StateLog.finish_opening): the
+            # service refuses writes meanwhile, so only a write racing the refusal
+            # gets here.
+            refusal = LogError(
+                f"the data directory's open is not finished: {self._disk_full or 'not yet'}"
+            )
+            for log, _ in batches:
+                log.fail(refusal)
+                self._partition_failed(log.partition, refusal)
+            return
         self.cycles += 1
         loop = asyncio.get_running_loop()
         rolled_from = self._journal.spare_lsn
         errors, journal_error, seconds = await loop.run_in_executor(
             self._executor, _journal_and_apply, self._journal, batches
         )
+        if journal_error is not None and is_disk_full(journal_error):
+            self._report_disk_full(journal_error)
+            self._make_ready()
         if self._on_cycle is not None:
             self._on_cycle(len(batches), [seconds])
         for (log, _), error in zip(batches, errors, strict=True):
@@ -291,8 +341,8 @@ class GroupCommitter:
             if error is not None:
                 cause = error.cause if isinstance(error, PartitionFailedError) else error
                 self._partition_failed(log.partition, cause or error)
-        if self._journal.spare_lsn != rolled_from and self._checkpointer is not None:
-            self._checkpointer.submit(self._journal.ensure_spare)
+        if self._journal.spare_lsn != rolled_from:
+            self._make_ready()
         if (
             self._journal.bytes_written - self._journal_bytes_at_checkpoint
             >= self._checkpoint_bytes
@@ -330,6 +380,14 @@ class GroupCommitter:
             failures = await loop.run_in_executor(
                 self._checkpointer, self._log.take_checkpoint, lsn, written
             )
+        except OSError as exc:
+            self._unsynced |= written  # the old CHECKPOINT stands: sync them next time
+            if self._closing:
+                raise
+            # CHECKPOINT itself could not be written (a full disk): the journal keeps
+            # every frame, and the next checkpoint tries again. A line, not a trace.
+            _log.warning("checkpoint not written: %s; the next one tries again", exc)
+            return
         except BaseException:
             self._unsynced |= written  # the old CHECKPOINT stands: sync them next time
             raise
@@ -340,6 +398,70 @@ class GroupCommitter:
             self._partition_stopped(partition, error)
         if self._on_checkpoint is not None:
             self._on_checkpoint(self._last_checkpoint - started, len(written))
+
+    # -- a full disk ---------------------------------------------------------------------
+
+    def _make_ready(self) -> None:
+        """Make the journal ready for records (the end of the open, the next segment),
+        in the checkpoint thread (handed to it now, so that it runs before anything
+        the thread gets later); on a full disk, again as room returns."""
+        if self._checkpointer is None:
+            return
+        if self._making_room is not None and not self._making_room.done():
+            self._ready_again = True  # a roll since its attempt began: once more after
+            return
+        self._ready_again = False
+        attempt = asyncio.wrap_future(self._checkpointer.submit(self._get_ready))
+        self._making_room = asyncio.get_running_loop().create_task(
+            self._until_ready(attempt), name="journal-ready"
+        )
+
+    async def _until_ready(
+        self, attempt: asyncio.Future[tuple[BaseException | None, int | None]]
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            error, free = await attempt
+            if error is None:
+                self._report_disk_full(None)
+                if not self._ready_again:
+                    return
+                self._ready_again = False
+                attempt = loop.run_in_executor(self._checkpointer, self._get_ready)
+                continue
+            if not is_disk_full(error):
+                # Not the room: the next roll makes the segment itself, or fails the cycle.
+                _log.warning("journal: next segment not made ahead of need: %s", error)
+                return
+            self._report_disk_full(error)
+            await self._room.wait_for_more(free, DISK_FULL_RETRY_S)
+            self._ready_again = False
+            attempt = loop.run_in_executor(self._checkpointer, self._get_ready)
+
+    def _get_ready(self) -> tuple[BaseException | None, int | None]:
+        """(In the checkpoint thread.) The error that kept the journal from being ready,
+        with the free space just after it, or (None, None)."""
+        try:
+            self._log.finish_opening()
+            self._journal.ensure_spare()
+        except OSError as exc:
+            return exc, self._room.free_bytes()
+        return None, None
+
+    def _report_disk_full(self, error: BaseException | None) -> None:
+        if (error is None) == (self._disk_full is None):
+            return
+        self._disk_full = error
+        if error is None:
+            _log.info("the journal has room again: writes are taken")
+        else:
+            _log.warning(
+                "the disk is full (%s): writes answer 15 until the journal has room for its "
+                "next segment; reads are served",
+                error,
+            )
+        if self._on_disk_full is not None:
+            self._on_disk_full(error)
 
     # -- waiters -----------------------------------------------------------------------
 

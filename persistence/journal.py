@@ -338,6 +338,14 @@ def _valid_record_after(buf: bytes, pos: int, written: int, base: int) -> bool:
     return False
 
 
+def keep_torn_tail(fs: FileOps, path: str, position: int) -> str | None:
+    """Keep the bytes of the torn tail a scan found (``JournalScan.torn_at``) in a
+    ``.broken`` file: from ``position`` to where the segment's zeros begin. The segment
+    itself is not changed (records after the tail go to new segments). Returns the
+    file's path, or None when there was nothing but zeros to keep."""
+    return _keep_broken(fs, path, position, read_file(fs, path)[position:].rstrip(b"\0"))
+
+
 def _keep_broken(fs: FileOps, path: str, pos: int, torn: bytes) -> str | None:
     if not torn:
         return None

@@ -9,7 +9,7 @@ DATA/partitions/<p>/OWNER  JSON, written atomically when the directory is create
                            "assignment": F, "origin": "created", "at_ms": T}, and
                            "exported_ms" once `sharecoord partition export` handed the
                            partition over. The node that may serve it is N.
-DATA/ASSIGNMENT            JSON, rewritten at every daemon start: {"format": 1,
+DATA/ASSIGNMENT            JSON, rewritten at a daemon start that changes it: {"format": 1,
                            "node_id": N, "assignment": F, "owners": [o0, o1, ...]}: this
                            data directory's node, and the owner of every state partition
                            in the last cluster map it ran with (-1: not known).
@@ -205,17 +205,28 @@ def create_fresh(fs: FileOps, data_dir: str, current: Assignment) -> None:
     write_assignment(fs, data_dir, current)
 
 
+@dataclass(frozen=True)
+class Settlement:
+    """What ``settle`` decided."""
+
+    refused: dict[int, str]  # partition -> why this node may not serve it
+    # Partitions a disk error kept from deciding, each with the check to run (given the
+    # FileOps to run it on) when it opens: it raises PartitionOwnershipError, or the
+    # disk error again, which the loader retries like any.
+    undecided: dict[int, Callable[[FileOps], None]]
+    # What DATA/ASSIGNMENT must say from now on, or None when it says it already. The
+    # opener writes it (StateLog.finish_opening) before the first journal record.
+    record: Assignment | None
+
+
 def settle(
     fs: FileOps, data_dir: str, current: Assignment, checkpointed: Collection[int]
-) -> tuple[dict[int, str], dict[int, Callable[[], None]]]:
+) -> Settlement:
     """Decide, for every partition ``current`` gives this node, whether it may serve it
     from this data directory; create the ones that are new here and migrate the ones an
-    older version made. Returns the refused partitions with the reason, and the
-    partitions a disk error kept from deciding, each with the check to run when it
-    opens (it raises PartitionOwnershipError, or the disk error again, which the loader
-    retries like any); records the assignment in DATA/ASSIGNMENT. ``checkpointed``: the
-    partitions DATA/journal's CHECKPOINT shows records of (a record that they had state
-    here).
+    older version made. ``checkpointed``: the partitions DATA/journal's CHECKPOINT shows
+    records of (a record that they had state here). Writes nothing but those creations
+    and migrations (each partition's own: a disk error there leaves it undecided).
 
     Raises DataDirectoryOwnerError if the data directory is another node's."""
     last = read_assignment(fs, data_dir)
@@ -232,20 +243,22 @@ def settle(
             f"not {len(current.owners)}"
         )
     refused: dict[int, str] = {}
-    undecided: dict[int, Callable[[], None]] = {}
+    undecided: dict[int, Callable[[FileOps], None]] = {}
     stamp = Owner(node, current.fingerprint, "created", now_ms())
     for partition in sorted(current.owned()):
         previous = None if last is None else last.owners[partition]
 
-        def decide(partition: int = partition, previous: int | None = previous) -> None:
+        def decide(
+            on: FileOps, partition: int = partition, previous: int | None = previous
+        ) -> None:
             reason = _decide(
-                fs, data_dir, partition, node, previous, partition in checkpointed, stamp
+                on, data_dir, partition, node, previous, partition in checkpointed, stamp
             )
             if reason is not None:
                 raise PartitionOwnershipError(partition, reason)
 
         try:
-            decide()
+            decide(fs)
         except PartitionOwnershipError as exc:
             refused[partition] = exc.reason
             _log.error("state partition %d refused: %s", partition, exc.reason)
@@ -259,8 +272,8 @@ def settle(
     for partition in [*refused, *undecided]:
         owners[partition] = node if last is None else last.owners[partition]
     _warn_about_moves(fs, data_dir, current, last)
-    write_assignment(fs, data_dir, replace(current, owners=tuple(owners)))
-    return refused, undecided
+    record = replace(current, owners=tuple(owners))
+    return Settlement(refused, undecided, None if record == last else record)
 
 
 def _decide(

@@ -15,6 +15,7 @@ valid frames after damage, is never a torn tail.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -27,6 +28,7 @@ from persistence.errors import LogCorruptionError, LogError, PartitionFailedErro
 from persistence.fileops import FileOps, keep_cut_bytes, unlink_if_exists
 from persistence.frame import PREFIX, LogRecord, encode_frame_into
 from persistence.journal import JournalEntry, PartitionCheckpoint
+from persistence.scratch import ScratchFileOps, on_scratch
 from persistence.segments import (
     FrameStream,
     SegmentInfo,
@@ -134,7 +136,9 @@ class PartitionLog:
         self._journal = journal
         self._synced = (0, 0, 0)
         self._refusal: BaseException | None = None
-        self._check: Callable[[], None] | None = None
+        # Decisions a disk error kept from being made when the log opened, run (in
+        # order) before the partition first opens: see check_before_open.
+        self._checks: list[Callable[[FileOps], None]] = []
 
     def __repr__(self) -> str:
         return f"PartitionLog({self.partition}, {self.partition_dir!r})"
@@ -190,21 +194,27 @@ class PartitionLog:
         with self._lock:
             if self._opened:
                 raise LogError(f"{self!r} is already open")
-            if self._refusal is not None:
-                raise self._refusal
-            if self._check is not None:
-                self._check()  # raises until it passes; then never again
-                self._check = None
+            self._run_checks()
             return self._recover(on_record)
 
     def refuse_open(self, cause: BaseException) -> None:
-        """Opening must fail with `cause` (it could not catch up with the journal)."""
+        """Opening must fail with `cause` (damage that kept it from catching up with the
+        journal, or a refusal to serve it here)."""
         self._refusal = cause
 
-    def check_before_open(self, check: Callable[[], None]) -> None:
-        """Opening runs `check` first, and fails with what it raises (a decision a disk
-        error kept from being made when the log opened: the loader's retries run it)."""
-        self._check = check
+    def check_before_open(self, check: Callable[[FileOps], None]) -> None:
+        """Opening runs `check` (given the log's FileOps) first, and fails with what it
+        raises: a step a disk error kept from being done when the data directory
+        opened (an ownership decision, the catch-up with the journal); the loader's
+        retries run it again until it passes."""
+        self._checks.append(check)
+
+    def _run_checks(self) -> None:
+        if self._refusal is not None:
+            raise self._refusal
+        while self._checks:
+            self._checks[0](self._fs)  # raises until it passes; then never again
+            del self._checks[0]
 
     def _recover(self, on_record: Callable[[LogRecord], None] | None) -> RecoveryReport:
         """Finish half-done swaps, verify every frame of every segment, cut a torn tail of
@@ -502,14 +512,48 @@ class PartitionLog:
                 )
             elif self._durable_known:
                 self._cut_back_to(self._durable_base, self._durable_size)
+            else:
+                # Never opened (its first load failed): what open() does first, it does
+                # too (a refusal, an ownership decision, the catch-up with the journal).
+                self._run_checks()
             report = self._recover(None)
             _log.warning(
-                "%s: reset to the durable end, offset %d, after %r",
+                "%s: reset to the durable end, offset %d, after %s",
                 self.partition_dir,
                 report.log_end_offset,
-                cause,
+                "its load failed" if cause is None else repr(cause),
             )
             return report
+
+    def read_recovered(self, on_record: Callable[[LogRecord], None]) -> RecoveryReport:
+        """Hand `on_record` the records the next open() (or, once the log was open,
+        the next reset_to_durable()) will leave, without writing anything: the same
+        recovery, run on a scratch view of the files (persistence/scratch.py). What a
+        daemon whose disk is full serves reads from while that recovery waits for room.
+        Raises what the recovery would raise but the disk's refusals to write."""
+        shadow = PartitionLog(
+            self.partition,
+            self.partition_dir,
+            fs=ScratchFileOps(self._fs),
+            segment_bytes=self.segment_bytes,
+            journal=self._journal,
+        )
+        with self._lock:
+            shadow._segments = [dataclasses.replace(s) for s in self._segments]
+            shadow._synced = self._synced
+            shadow._durable_known = self._durable_known
+            shadow._durable_base, shadow._durable_size = self._durable_base, self._durable_size
+            shadow._refusal, shadow._checks = self._refusal, list(self._checks)
+        with on_scratch():
+            try:
+                if not shadow._durable_known:
+                    return shadow.open(on_record)
+                report = shadow.reset_to_durable()
+                for record in shadow.read(0):
+                    on_record(record)
+                return report
+            finally:
+                shadow.close()
 
     def _discard_unsynced(self) -> None:
         """After a failed write or fsync, before its waiters hear of it: remove what the

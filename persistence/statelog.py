@@ -16,7 +16,16 @@ Opening for writing recovers the journal before any partition loads: read CHECKP
 read every record after it, bring each partition's files up to date with its frames
 (catchup.py), start a fresh journal after the old one, and record a new CHECKPOINT. A
 partition that cannot catch up (damage) keeps its old checkpoint, so the journal keeps
-its frames, and fails to load with the reason.
+its frames, and fails to load with the reason; one whose disk refused the catch-up
+keeps them too, and catches up when it opens (its loader retries until the disk works).
+
+A full disk (ENOSPC, EDQUOT) does not stop an opener that says it can wait for room
+(`full_disk_ok`, the daemon): the writes that end the open (DATA/ASSIGNMENT when it
+changed, the .broken copy of a torn journal tail, the new CHECKPOINT) are then left to
+`finish_opening`, which the group commit retries until they are done, and before which
+no journal record is written. Nothing else in an open needs new space: the journal's
+segments are made when the first commit needs them (commit.py), a partition's files
+are repaired when it opens (partition.py reads them without writing meanwhile).
 
 A daemon opens with its Assignment (ownership.py): only the partitions this node owns
 are created, caught up and opened, and only those its data directory says it may serve.
@@ -31,10 +40,12 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from persistence.catchup import catch_up
@@ -44,7 +55,7 @@ from persistence.errors import (
     MetaMismatchError,
     PartitionFailedError,
 )
-from persistence.fileops import FileOps, read_file, write_file_atomically
+from persistence.fileops import FileOps, is_disk_full, read_file, write_file_atomically
 from persistence.journal import (
     DEFAULT_JOURNAL_SEGMENT_BYTES,
     Checkpoint,
@@ -53,6 +64,7 @@ from persistence.journal import (
     PartitionCheckpoint,
     entries_of,
     journal_dir,
+    keep_torn_tail,
     read_checkpoint,
     scan_journal,
     write_checkpoint,
@@ -64,6 +76,7 @@ from persistence.ownership import (
     foreign_owner,
     read_assignment,
     settle,
+    write_assignment,
 )
 from persistence.partition import DEFAULT_SEGMENT_BYTES, PartitionLog
 from persistence.segments import list_log_files, scan_segment
@@ -125,6 +138,8 @@ class StateLog:
         # Partitions not opened here whose frames are still only in the journal: their
         # CHECKPOINT entries stand as they are (module docstring).
         self.held: set[int] = set()
+        # The writes that end a writable open, while a full disk holds them back.
+        self._opening: _OpeningWrites | None = None
 
     @classmethod
     def open(
@@ -138,6 +153,7 @@ class StateLog:
         lock: bool = True,
         assignment: Assignment | None = None,
         only: Collection[int] | None = None,
+        full_disk_ok: bool = False,
     ) -> StateLog:
         """Open (creating if need be) a data directory for `num_partitions` partitions.
 
@@ -150,7 +166,10 @@ class StateLog:
         Which partitions are created, caught up and may be opened: with `assignment`
         (the daemon), those the node owns and may serve (ownership.settle; the others
         refuse to open, with the reason); with `only` (the partition tools), exactly
-        those, none created; with neither, every partition, as before ownership."""
+        those, none created; with neither, every partition, as before ownership.
+
+        With `full_disk_ok`, a full disk leaves the writes that end the open to
+        `finish_opening` (module docstring) instead of failing it."""
         data_dir = os.fspath(data_dir)
         fs = fs or FileOps()
         if num_partitions is not None and num_partitions < 1:
@@ -191,6 +210,7 @@ class StateLog:
                     assignment.node_id if assignment is not None else _recorded_node(fs, data_dir)
                 )
                 log._recover_journal(journal_segment_bytes, opened, node)
+                log._end_opening(full_disk_ok)
         except BaseException:
             if lock_fd is not None:
                 fs.close(lock_fd)
@@ -207,11 +227,12 @@ class StateLog:
             # it saw records in are the ones that had state here.
             checkpoint = read_checkpoint(self.fs, self.journal_dir)
             had_records = {p for p, c in checkpoint.partitions.items() if c.next_offset > 0}
-            refused, undecided = settle(self.fs, self.data_dir, assignment, had_records)
-            opened = set(assignment.owned()) - refused.keys()
-            for p, reason in refused.items():
+            settled = settle(self.fs, self.data_dir, assignment, had_records)
+            self._opening = _OpeningWrites(assignment=settled.record)
+            opened = set(assignment.owned()) - settled.refused.keys()
+            for p, reason in settled.refused.items():
                 self._partitions[p].refuse_open(PartitionOwnershipError(p, reason))
-            for p, check in undecided.items():
+            for p, check in settled.undecided.items():
                 self._partitions[p].check_before_open(check)
             elsewhere = everything - assignment.owned()
             for p in elsewhere:
@@ -245,7 +266,7 @@ class StateLog:
     def _recover_journal(self, segment_bytes: int, opened: set[int], node: int | None) -> None:
         fs, directory = self.fs, self.journal_dir
         old = read_checkpoint(fs, directory)
-        scan = scan_journal(fs, directory, old.lowest_lsn(), keep_torn_tail=True)
+        scan = scan_journal(fs, directory, old.lowest_lsn())
         caught_up: dict[int, tuple[int, int, int]] = {}
         for p, log in enumerate(self._partitions):
             synced = old.partitions.get(p, PartitionCheckpoint(0, 0, 0, 0))
@@ -262,8 +283,19 @@ class StateLog:
                     self._hold(p, f"its directory is node {owner}'s")
                     continue
                 caught_up[p] = catch_up(fs, log.partition_dir, synced, pending).position
-            except (LogCorruptionError, OSError) as exc:
+            except LogCorruptionError as exc:
                 log.refuse_open(exc)
+                self.pinned.add(p)
+            except OSError as exc:
+                # The disk, not the log: the frames stay in the journal (the old entry
+                # stands), and the partition catches up when it opens.
+                _log.warning(
+                    "state partition %d: not caught up with the journal (%s); it catches up "
+                    "when it loads",
+                    p,
+                    exc,
+                )
+                log.check_before_open(functools.partial(_catch_up, synced, pending, log))
                 self.pinned.add(p)
         # After every segment there is, and every LSN the old checkpoint names: a
         # record must never sort below a checkpoint that already counts past it.
@@ -274,7 +306,50 @@ class StateLog:
         for p, position in caught_up.items():
             partitions[p] = PartitionCheckpoint(start, *position)
         self.checkpoint = Checkpoint(partitions)
-        write_checkpoint(fs, directory, self.checkpoint)
+        opening = self._opening = self._opening or _OpeningWrites()
+        if scan.torn_at is not None:
+            opening.torn_tail = scan.torn_at[:2]
+
+    def _end_opening(self, full_disk_ok: bool) -> None:
+        try:
+            self.finish_opening()
+        except OSError as exc:
+            if not (full_disk_ok and is_disk_full(exc)):
+                raise
+            _log.warning(
+                "%s: the disk is full (%s): reads are served from what is on disk; no "
+                "journal record is written until the open is finished (it is retried as "
+                "space returns)",
+                self.data_dir,
+                exc,
+            )
+
+    @property
+    def opening_unfinished(self) -> bool:
+        """Whether the writes that end the open are still to do (no journal record may
+        be written before they are)."""
+        return self._opening is not None
+
+    def finish_opening(self) -> None:
+        """The writes that end a writable open, in this order, each done once: ASSIGNMENT
+        (when it changed), the .broken copy of a torn journal tail, the new CHECKPOINT,
+        then the deletion of the journal segments it frees. Until CHECKPOINT is written
+        no journal record may be (a record after the old CHECKPOINT's torn tail would
+        make the tail damage in the middle). Raises what the disk raises; call it again
+        until it does not (the group commit does, in its checkpoint thread)."""
+        opening = self._opening
+        if opening is None:
+            return
+        fs = self.fs
+        if opening.assignment is not None:
+            write_assignment(fs, self.data_dir, opening.assignment)
+            opening.assignment = None
+        if opening.torn_tail is not None:
+            keep_torn_tail(fs, *opening.torn_tail)
+            opening.torn_tail = None
+        write_checkpoint(fs, self.journal_dir, self.checkpoint)
+        self._opening = None
+        assert self.journal is not None
         self.journal.delete_below(self.checkpoint.lowest_lsn())
 
     def _finish_or_hold(
@@ -340,6 +415,7 @@ class StateLog:
         Every record below `lsn` must have been applied to the files. Runs in a thread
         of its own; returns the partitions whose sync failed (they stay pinned to the
         journal until a later checkpoint syncs them)."""
+        self.finish_opening()
         failures: dict[int, BaseException] = {}
         partitions = dict(self.checkpoint.partitions)
         for p, log in enumerate(self._partitions):
@@ -347,6 +423,8 @@ class StateLog:
                 continue  # its frames are only in the journal: its entry stands as it is
             if log.failure is not None:
                 continue  # stopped: its own entry stands until it has repaired itself
+            if p in self.pinned and not log.is_open:
+                continue  # not caught up with the journal yet (it does when it opens)
             if p in written or p in self.pinned:
                 try:
                     position = log.sync_for_checkpoint()
@@ -379,7 +457,19 @@ class StateLog:
         try:
             if self.journal is not None and self._lock_fd is not None:
                 open_partitions = {p for p, log in enumerate(self._partitions) if log.is_open}
-                self.take_checkpoint(self.journal.end_lsn, open_partitions & self.pinned)
+                try:
+                    self.take_checkpoint(self.journal.end_lsn, open_partitions & self.pinned)
+                except OSError as exc:
+                    if not is_disk_full(exc):
+                        raise
+                    # Nothing is lost: the journal and the old CHECKPOINT hold it all,
+                    # and the next open recovers from them.
+                    _log.warning(
+                        "%s: the last checkpoint was not written, the disk is full (%s); "
+                        "the next start recovers from the journal",
+                        self.data_dir,
+                        exc,
+                    )
                 self.journal.close()
         finally:
             for partition in self._partitions:
@@ -393,6 +483,22 @@ class StateLog:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+@dataclass
+class _OpeningWrites:
+    """The writes that end a writable open, not done yet (StateLog.finish_opening)."""
+
+    assignment: Assignment | None = None  # what DATA/ASSIGNMENT must say
+    torn_tail: tuple[str, int] | None = None  # a journal segment and the byte it tears at
+
+
+def _catch_up(
+    synced: PartitionCheckpoint, pending: list[JournalEntry], log: PartitionLog, fs: FileOps
+) -> None:
+    """A partition's catch-up with the journal, as the open would have done it: run
+    when the partition opens (PartitionLog.check_before_open), on the FileOps given."""
+    catch_up(fs, log.partition_dir, synced, pending)
 
 
 def _migrate(fs: FileOps, data_dir: str, num_partitions: int) -> None:
@@ -448,9 +554,18 @@ def _take_lock(fs: FileOps, data_dir: str) -> int:
         if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             raise LogLockedError(data_dir) from None
         raise
-    # Who holds it, for a human looking; the flock is what counts.
-    fs.truncate(fd, 0)
-    fs.write_all(fd, f"{os.getpid()}\n".encode())
+    # Who holds it, for a human looking; the flock is what counts. Written over the old
+    # holder's bytes, then cut to length: on a full disk that needs no new space, and if
+    # even that is refused (a LOCK file made just now), the lock still holds.
+    holder = f"{os.getpid()}\n".encode()
+    try:
+        fs.pwrite_all(fd, holder, 0)
+        fs.truncate(fd, len(holder))
+    except OSError as exc:
+        if not is_disk_full(exc):
+            fs.close(fd)
+            raise
+        _log.warning("%s: the holder's PID not written: %s", data_dir, exc)
     return fd
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import struct
 
 from persistence import (
     FileOps,
@@ -15,6 +16,7 @@ from persistence import (
     StateLog,
     encode_frame,
     list_segments,
+    partition_dir,
     read_segment,
 )
 from persistence.frame import iter_frames
@@ -59,6 +61,51 @@ def open_log(
     lock: bool = True,
 ) -> StateLog:
     return StateLog.open(data_dir, num_partitions, segment_bytes=segment_bytes, fs=fs, lock=lock)
+
+
+def write_through_journal(
+    data_dir: str, num_partitions: int, rounds: int, per_round: int
+) -> list[list[LogRecord]]:
+    """Appends committed by a GroupCommitter, then a crash: no last checkpoint, so every
+    record of this run is in the journal and (unsynced) in the partition files."""
+    log = StateLog.open(data_dir, num_partitions)
+    for part in log.partitions:
+        part.open()
+    # As a killed process: no checkpoint, not even the committer's last one.
+    log.take_checkpoint = lambda lsn, written: {}  # type: ignore[method-assign]
+    written: list[list[LogRecord]] = [[] for _ in range(num_partitions)]
+
+    async def run() -> None:
+        committer = GroupCommitter(log)
+        committer.start()
+        for round_number in range(rounds):
+            waits = []
+            for p in range(num_partitions):
+                records = append_records(
+                    log.partition(p), per_round, first=round_number * per_round
+                )
+                written[p] += records
+                waits += [committer.wait_durable(p, r.offset) for r in records]
+            await asyncio.gather(*waits)
+        await committer.close()
+
+    asyncio.run(run())
+    log.close()
+    return written
+
+
+def newest_segment(data_dir: str, partition: int) -> str:
+    return list_segments(partition_dir(data_dir, partition))[-1].path
+
+
+def frame_starts(path: str) -> list[int]:
+    with open(path, "rb") as f:
+        data = f.read()
+    starts, pos = [], 0
+    while pos < len(data):
+        starts.append(pos)
+        pos += 4 + struct.unpack_from(">I", data, pos)[0]
+    return starts
 
 
 def read_back(data_dir: str, partition: int, **open_args: int) -> list[LogRecord]:

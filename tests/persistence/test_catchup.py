@@ -5,17 +5,21 @@ Run twice, recovery changes nothing the second time."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import struct
 import zlib
 
 import pytest
-from log_helpers import append_records, tree_snapshot
+from log_helpers import (
+    append_records,
+    frame_starts,
+    newest_segment,
+    tree_snapshot,
+    write_through_journal,
+)
 
 from persistence import (
-    GroupCommitter,
     LogCorruptionError,
     LogRecord,
     StateLog,
@@ -31,38 +35,8 @@ from persistence.journal import (
     list_journal_segments,
     read_checkpoint,
 )
-from persistence.segments import list_segments
 
 NUM_PARTITIONS = 3
-
-
-def write_through_journal(data_dir: str, rounds: int, per_round: int) -> list[list[LogRecord]]:
-    """Appends committed by a GroupCommitter, then a crash: no last checkpoint, so every
-    record of this run is in the journal and (unsynced) in the partition files."""
-    log = StateLog.open(data_dir, NUM_PARTITIONS)
-    for part in log.partitions:
-        part.open()
-    # As a killed process: no checkpoint, not even the committer's last one.
-    log.take_checkpoint = lambda lsn, written: {}  # type: ignore[method-assign]
-    written: list[list[LogRecord]] = [[] for _ in range(NUM_PARTITIONS)]
-
-    async def run() -> None:
-        committer = GroupCommitter(log)
-        committer.start()
-        for round_number in range(rounds):
-            waits = []
-            for p in range(NUM_PARTITIONS):
-                records = append_records(
-                    log.partition(p), per_round, first=round_number * per_round
-                )
-                written[p] += records
-                waits += [committer.wait_durable(p, r.offset) for r in records]
-            await asyncio.gather(*waits)
-        await committer.close()
-
-    asyncio.run(run())
-    log.close()
-    return written
 
 
 def recover(data_dir: str) -> dict[int, BaseException]:
@@ -84,23 +58,9 @@ def records_of(data_dir: str, partition: int) -> list[LogRecord]:
     return list(read_partition(partition_dir(data_dir, partition)))
 
 
-def newest_segment(data_dir: str, partition: int) -> str:
-    return list_segments(partition_dir(data_dir, partition))[-1].path
-
-
-def frame_starts(path: str) -> list[int]:
-    with open(path, "rb") as f:
-        data = f.read()
-    starts, pos = [], 0
-    while pos < len(data):
-        starts.append(pos)
-        pos += 4 + struct.unpack_from(">I", data, pos)[0]
-    return starts
-
-
 @pytest.fixture
 def written(data_dir: str) -> list[list[LogRecord]]:
-    return write_through_journal(data_dir, rounds=4, per_round=3)
+    return write_through_journal(data_dir, NUM_PARTITIONS, rounds=4, per_round=3)
 
 
 def test_a_partition_file_short_of_the_journal_is_filled_from_it(data_dir, written) -> None:
@@ -177,7 +137,7 @@ def test_a_gap_between_the_file_and_the_journal_refuses_the_partition(data_dir, 
     more = append_records(log.partition(0), 3, first=100)
     log.partition(0).commit()
     log.close()
-    write_through_journal(data_dir, rounds=1, per_round=2)
+    write_through_journal(data_dir, NUM_PARTITIONS, rounds=1, per_round=2)
     path = newest_segment(data_dir, 0)
     os.truncate(path, frame_starts(path)[5])
     refusals = recover(data_dir)
@@ -274,11 +234,11 @@ def test_files_put_in_place_of_a_partition_are_judged_by_their_own_position(
     log.partition(1).commit()
     imported = [LogRecord(offset, 1, 0, b"another-key", b"a longer value" * 7)]
     log.close()
-    imported += write_through_journal(elsewhere, rounds=8, per_round=3)[1]
+    imported += write_through_journal(elsewhere, NUM_PARTITIONS, rounds=8, per_round=3)[1]
     assert recover(elsewhere) == {}
     shutil.rmtree(partition_dir(data_dir, 1))
     shutil.copytree(partition_dir(elsewhere, 1), partition_dir(data_dir, 1))
-    after = write_through_journal(data_dir, rounds=1, per_round=3)[1]
+    after = write_through_journal(data_dir, NUM_PARTITIONS, rounds=1, per_round=3)[1]
     assert recover(data_dir) == {}
     assert records_of(data_dir, 1) == imported + after
     assert not [n for n in os.listdir(partition_dir(data_dir, 1)) if n.endswith(".broken")]

@@ -179,6 +179,39 @@ def test_an_owner_a_disk_error_hid_at_start_is_judged_when_the_partition_opens(
         log.close()
 
 
+def test_an_owner_a_disk_error_hid_is_judged_by_the_loaders_retry_too(data_dir, tmp_path):
+    """The runtime retries a failed load with reset_to_durable(): it must not open the
+    directory without the judgement open() would have made."""
+    other = str(tmp_path / "other")
+    open_as(other, node=1).close()
+    open_as(data_dir).close()
+    shutil.rmtree(partition_dir(data_dir, 1))
+    shutil.copytree(partition_dir(other, 2), partition_dir(data_dir, 1))  # by hand
+    fs = OwnerUnreadable()
+    log = StateLog.open(data_dir, N, assignment=assignment(), fs=fs)
+    try:
+        with pytest.raises(OSError, match="Input/output error"):
+            log.partition(1).open()
+        fs.broken = False
+        with pytest.raises(PartitionOwnershipError, match="was created by node 1"):
+            log.partition(1).reset_to_durable()
+    finally:
+        fs.broken = False
+        log.close()
+
+
+def test_assignment_is_written_again_only_when_it_changes(data_dir):
+    """Rewritten at every start, it was the first thing a start on a full disk failed at."""
+    open_as(data_dir).close()
+    path = os.path.join(data_dir, "ASSIGNMENT")
+    written = os.stat(path).st_ino
+    open_as(data_dir).close()
+    assert os.stat(path).st_ino == written
+    open_as(data_dir, owners=(0, 1, 1, 1)).close()
+    assert read_assignment_of(data_dir).owners == (0, 1, 1, 1)
+    assert os.stat(path).st_ino != written
+
+
 def test_a_missing_partition_this_node_held_is_refused_not_recreated(data_dir):
     open_as(data_dir).close()
     shutil.rmtree(partition_dir(data_dir, 0))
