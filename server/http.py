@@ -20,6 +20,7 @@ import msgspec
 from aiohttp import web
 
 from persistence import FileOps, GroupCommitter, StateLog
+from persistence.room import RoomWatch
 from protocol import codec, errors
 from protocol.codec import BodyError, Format
 from protocol.messages import (
@@ -577,6 +578,8 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         fs=coordinator.fs,
         # Only what this node owns and may serve (docs/operations.md#moving-a-state-partition).
         assignment=coordinator.cluster.assignment(config.node_id),
+        # A full disk stops writes, not the start (docs/operations.md#a-full-disk).
+        full_disk_ok=True,
     )
     coordinator.log = log
     try:
@@ -588,11 +591,16 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         )
         runtimes: dict[int, PartitionRuntime] = {}
         metrics = coordinator.metrics
+        room = RoomWatch(log.fs, config.data_dir)
 
         def partition_failed(partition: int, cause: BaseException) -> None:
             runtime = runtimes.get(partition)
             if runtime is not None:
                 runtime.on_durability_failure(cause)
+
+        def disk_full(cause: BaseException | None) -> None:
+            for runtime in runtimes.values():
+                runtime.hold(cause)
 
         committer = GroupCommitter(
             log,
@@ -603,6 +611,8 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
             checkpoint_interval_ms=config.journal_checkpoint_interval_ms,
             checkpoint_bytes=config.journal_checkpoint_bytes,
             journal_max_bytes=config.journal_max_bytes,
+            on_disk_full=disk_full,
+            room=room,
         )
         metrics.journal_bytes.set_function(lambda: committer.journal_bytes)
         for partition in owned:
@@ -613,6 +623,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 metadata=catalog if config.topic_catalog else None,
                 metrics=metrics,
                 exclusive=committer.run_exclusive,
+                room=room,
             )
             _track(metrics, runtimes[partition])
         metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))

@@ -11,6 +11,16 @@ Loading replays the log from the start through the same ``replay`` (14 until don
 fsync failure stops the partition (15): its parked answers fail, the log is cut back to
 the last durable offset, and the partition reloads from disk, retrying with backoff. A
 load that fails on an I/O error retries the same way; a damaged log stays failed.
+
+A full disk (ENOSPC, EDQUOT) stops writes, never reads. A failed partition whose shard
+holds exactly what is durable is ``readable``: reads are answered from it (the service
+refuses what would append a record). That is so when the failure left nothing appended
+past the durable end, and otherwise once the shard is rebuilt from what the recovery
+that the disk refused will leave (``PartitionLog.read_recovered``, which writes
+nothing). The recovery is then tried again each time the disk's free space grows. A
+partition can also be ``held``: loaded and sound, but the journal has no room for
+records (the committer says so); it reports itself failed and serves reads until the
+committer has room again.
 """
 
 from __future__ import annotations
@@ -23,8 +33,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from persistence import LogRecord, PartitionFailedError, PartitionLog
+from persistence import FileOps, LogRecord, PartitionFailedError, PartitionLog
+from persistence.fileops import is_disk_full
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
+from persistence.room import DISK_FULL_RETRY_S, RoomWatch
 from protocol.messages import AnyPartitionResult, Rpc
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
@@ -50,6 +62,8 @@ FRAME_OVERHEAD = HEADER_SIZE + VALUE_LENGTH.size
 RELOAD_BACKOFF_INITIAL_S = 0.05
 RELOAD_BACKOFF_MAX_S = 5.0
 SLOW_LOAD_S = 1.0
+# Said of a failed partition that serves reads (its `error`, /readyz, the log).
+READS_SERVED = "the disk is full: reads are served, writes answer 15 until it has room"
 
 
 class Status(enum.Enum):
@@ -81,6 +95,7 @@ class PartitionRuntime:
         now_ms: Callable[[], int] = wall_clock_ms,
         metrics: ShareCoordinatorMetrics | None = None,
         exclusive: Callable[[Callable[[], None]], Awaitable[None]] | None = None,
+        room: RoomWatch | None = None,
     ) -> None:
         self.partition = partition
         # Where a reset runs: the commit thread (GroupCommitter.run_exclusive), so it
@@ -98,8 +113,18 @@ class PartitionRuntime:
         self._metrics.records_appended.labels(partition).set_function(lambda: self.records_appended)
         self._metrics.bytes_appended.labels(partition).set_function(lambda: self.bytes_appended)
         self.shard = self._new_shard()
+        self._room = room or RoomWatch(FileOps(), log.partition_dir)
+        # The partition's own state; `status`, `error` and `readable` are what it shows,
+        # a hold included (_show).
+        self._own_status = Status.LOADING
+        self._own_error: str | None = None
+        self._shard_durable = False  # while failed: the shard holds exactly what is durable
+        self._held: str | None = None  # the journal has no room (committer's word)
         self.status = Status.LOADING
         self.error: str | None = None
+        # Reads may be answered from the shard: always when active, and when failed
+        # with a shard that holds exactly what is durable.
+        self.readable = False
         self.load_seconds: float | None = None
         self._recovery: asyncio.Task[None] | None = None
         self._closing = False
@@ -110,8 +135,29 @@ class PartitionRuntime:
         )
 
     def _set_status(self, status: Status, error: str | None = None) -> None:
-        self.status = status
-        self.error = error
+        self._own_status = status
+        self._own_error = error
+        if status is not Status.FAILED:
+            self._shard_durable = False
+        self._show()
+
+    def _show(self) -> None:
+        """What the partition shows: its own status, but failed (and readable) while
+        held."""
+        if self._own_status is Status.ACTIVE and self._held is not None:
+            self.status, self.error, self.readable = Status.FAILED, self._held, True
+            return
+        self.status, self.error = self._own_status, self._own_error
+        self.readable = self._own_status is Status.ACTIVE or (
+            self._own_status is Status.FAILED and self._shard_durable
+        )
+
+    def hold(self, cause: BaseException | None) -> None:
+        """The journal has no room for records (`cause`), or has again (None): while
+        held, an active partition shows itself failed, serves reads, and the service
+        refuses its writes before they reach the shard."""
+        self._held = None if cause is None else f"write or fsync failed: {cause}; {READS_SERVED}"
+        self._show()
 
     # --- loading ----------------------------------------------------------------------
 
@@ -125,10 +171,13 @@ class PartitionRuntime:
         except OSError as exc:
             # The disk failed, not the log: retry as after a failed fsync, until a
             # reload works (damage, by contrast, raises LogError and stays failed).
-            self._set_status(Status.FAILED, _describe_failure(exc))
-            _log.error(
-                "state partition %d failed to load: %s; retrying", self.partition, self.error
-            )
+            error = _describe_failure(exc)
+            _log.error("state partition %d failed to load: %s; retrying", self.partition, error)
+            if is_disk_full(exc):
+                # Still loading (14) while what is on disk is read for the reads.
+                await self._serve_reads_meanwhile(error)
+            else:
+                self._set_status(Status.FAILED, error)
             self._start_recovery()
             return
         except Exception as exc:
@@ -199,6 +248,14 @@ class PartitionRuntime:
             self._append(record)
         return result
 
+    def answer_read(self, rpc: Rpc, key: ShareKey, entry: Any) -> AnyPartitionResult | None:
+        """A read (Read, ReadSummary) answered from the shard as it is, appending
+        nothing; None when answering it needs a record (a Read that moves the leader
+        epoch). For a failed but ``readable`` partition, or one the commit refuses
+        writes for."""
+        record, result = _OPERATIONS[rpc](self.shard, key, entry)
+        return None if record is not None else result
+
     def run_job(self, job: Callable[[ShareCoordinatorShard], list[Record]]) -> int:
         """Run a maintenance job (topic deletion, retention, cold snapshots) over the
         shard and append what it asks for; returns how many records that was."""
@@ -229,6 +286,8 @@ class PartitionRuntime:
 
     def pending_offset(self) -> int | None:
         """The offset an answer given now must wait for, or None if all is durable."""
+        if self._shard_durable:
+            return None  # failed, with a shard that holds only what is durable
         end = self.log.log_end_offset
         return end - 1 if end > self.log.durable_end_offset else None
 
@@ -236,13 +295,52 @@ class PartitionRuntime:
 
     def on_durability_failure(self, cause: BaseException) -> None:
         """The group commit could not write or fsync this partition: stop serving it,
-        and reload it from what is durable on disk."""
-        if self.status is Status.FAILED and self._recovery is not None:
+        and reload it from what is durable on disk. If nothing was appended past the
+        durable end (its files failed after the journal made the batch durable), the
+        shard holds exactly what is durable: a full disk leaves its reads served."""
+        if self._own_status is Status.FAILED and self._recovery is not None:
             return
         message = f"write or fsync failed: {cause}"
         _log.error("state partition %d stopped: %s", self.partition, message)
+        self._shard_durable = False
         self._set_status(Status.FAILED, message)
+        if is_disk_full(cause) and self.log.log_end_offset == self.log.durable_end_offset:
+            self._serving_reads(message)
         self._start_recovery()
+
+    def _serving_reads(self, message: str) -> None:
+        self._shard_durable = True
+        self._own_error = f"{message}; {READS_SERVED}"
+        self._show()
+
+    async def _serve_reads_meanwhile(self, error: str) -> None:
+        """The disk refused what a (re)load writes (`error`): the partition fails, and
+        its shard is rebuilt from what that recovery will leave, without writing
+        (PartitionLog.read_recovered), so that it answers reads until it can run."""
+        shard = self._new_shard()
+        replay = self._unless_closing(_replayer(shard, self.partition))
+        try:
+            await asyncio.to_thread(self.log.read_recovered, replay)
+        except LoadStopped:
+            self._set_status(Status.FAILED, error)
+            return
+        except Exception as exc:
+            self._set_status(Status.FAILED, error)
+            _log.warning(
+                "state partition %d: its reads wait for the disk too: %s",
+                self.partition,
+                _describe_failure(exc),
+            )
+            return
+        self.shard = shard
+        self._set_status(Status.FAILED, error)
+        self._serving_reads(error)
+        _log.warning(
+            "state partition %d: %s (%d keys from what is on disk)",
+            self.partition,
+            READS_SERVED,
+            len(shard),
+        )
 
     def _start_recovery(self) -> None:
         if not self._closing:
@@ -260,10 +358,20 @@ class PartitionRuntime:
             except LoadStopped:
                 return
             except Exception as exc:
-                self.error = f"reload attempt {attempt} failed: {_describe_failure(exc)}"
-                _log.warning("state partition %d: %s", self.partition, self.error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RELOAD_BACKOFF_MAX_S)
+                self._own_error = f"reload attempt {attempt} failed: {_describe_failure(exc)}"
+                self._show()
+                _log.warning("state partition %d: %s", self.partition, self._own_error)
+                if not is_disk_full(exc):
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, RELOAD_BACKOFF_MAX_S)
+                    continue
+                # A full disk: the attempt is worth repeating once there is more room.
+                if self._shard_durable:
+                    self._serving_reads(self._own_error)
+                else:
+                    await self._serve_reads_meanwhile(self._own_error)
+                free = await asyncio.to_thread(self._room.free_bytes)
+                await self._room.wait_for_more(free, DISK_FULL_RETRY_S)
                 continue
             self._recovery = None
             self._set_status(Status.ACTIVE)

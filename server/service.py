@@ -6,6 +6,10 @@ results are gathered back in request order (duplicates run twice, in order). Bef
 answering, the service waits until the log has made durable everything the answer
 reveals, partition by partition; a partition whose write fails answers 15 for its
 entries, and the others are not held back by it.
+
+A failed partition that is ``readable`` (a full disk: runtime.py) answers reads from
+its shard and 15 to the rest; from an entry answered 15 on, every later entry of the
+request on that state partition is 15 too, as after a failed commit.
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ class _NoPruning(HistoryIndex):
 
 
 _KEEP_EVERYTHING = _NoPruning()
+# What a readable failed partition answers (runtime.PartitionRuntime.answer_read).
+_READS = frozenset({Rpc.READ, Rpc.READ_SUMMARY})
 
 
 class ServiceError(Exception):
@@ -141,6 +147,8 @@ class CoordinatorService:
         failures: dict[int, int] = {}  # error code -> entries (successes are counted last)
         entries = 0
         touched_here = False
+        refused: set[int] = set()  # readable failed partitions that answered an entry 15
+        reads = rpc in _READS
         for topic in request.topics:
             out: list[AnyPartitionResult] = []
             results.append(TopicResult(topic.topic_id, out))
@@ -159,6 +167,18 @@ class CoordinatorService:
                     code = errors.NOT_COORDINATOR
                 elif runtime.status is not Status.ACTIVE:
                     touched_here = True
+                    if reads and runtime.readable and state_partition not in refused:
+                        key = ShareKey(group_id, key_topic_id, partition)
+                        answer = runtime.answer_read(rpc, key, entry)
+                        if answer is not None:
+                            placed.setdefault(state_partition, []).append(
+                                (out, len(out), runtime.pending_offset())
+                            )
+                            out.append(answer)
+                            if answer.error_code:
+                                failures[answer.error_code] = failures.get(answer.error_code, 0) + 1
+                            continue
+                        refused.add(state_partition)
                     code = (
                         errors.COORDINATOR_LOAD_IN_PROGRESS
                         if runtime.status is Status.LOADING
@@ -296,7 +316,7 @@ class CoordinatorService:
                 f"state partition {state_partition} is owned by node {owner.id} "
                 f"at {owner.host}:{owner.port}",
             )
-        _require_active(runtime)
+        _require_readable(runtime)
         return runtime
 
     async def admin_state(self, key: ShareKey) -> AdminState | None:
@@ -637,6 +657,13 @@ def _unavailable(rpc: Rpc, partition: int, code: int) -> AnyPartitionResult:
         else errors.default_message(code)
     )
     return error_result(rpc, partition, code, message)
+
+
+def _require_readable(runtime: PartitionRuntime) -> None:
+    """For reads: an active partition, or a failed one that still serves reads."""
+    if runtime.status is Status.FAILED and runtime.readable:
+        return
+    _require_active(runtime)
 
 
 def _require_active(runtime: PartitionRuntime) -> None:
