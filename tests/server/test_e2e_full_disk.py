@@ -1,0 +1,212 @@
+"""A daemon started on a really full disk (docs/operations.md#a-full-disk).
+
+The data directory lives on a small tmpfs filled to ENOSPC by a filler file
+(tests/fullfs.py): nothing is injected. A daemon restarted on it loads what is on disk,
+answers reads (every acknowledged key reads back as acknowledged), answers writes 15,
+says so on /readyz and /metrics, and creates no file (no empty temporary file either).
+Once the filler is deleted it writes again by itself, and nothing acknowledged is lost.
+Two ways to get there: a clean stop before the disk filled, and a SIGKILL after it
+filled under writes (then the files lack what only the journal holds, and recovery has
+work to do that needs the space).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.fullfs import FullFilesystem, full_filesystem
+from tests.server.daemons import (
+    TOPIC,
+    Acknowledged,
+    Api,
+    Daemon,
+    body,
+    metric_value,
+    next_write,
+    partitions_in,
+    read_entry,
+    run_cli,
+)
+
+NUM_PARTITIONS = 4
+GROUP = "full"
+FLAGS = ("--journal-segment-bytes", "65536", "--segment-bytes", "4096")
+DEADLINE_S = 120.0  # a safety net, not a timing assertion
+READS_SERVED = "the disk is full: reads are served, writes answer 15 until it has room"
+
+
+def the_keys() -> list[int]:
+    return [
+        key
+        for p in range(NUM_PARTITIONS)
+        for key in partitions_in(p, NUM_PARTITIONS, group_id=GROUP, count=2)
+    ]
+
+
+def listing(data_dir: Path) -> dict[str, int]:
+    """Every file under the data directory, with its size."""
+    found = {}
+    for root, _, files in os.walk(data_dir):
+        for name in files:
+            path = Path(root, name)
+            found[str(path.relative_to(data_dir))] = path.stat().st_size
+    return found
+
+
+def no_temporary_files(files: dict[str, int]) -> None:
+    assert not [f for f in files if f.endswith(".tmp")], files
+    assert not [f for f, size in files.items() if size == 0 and f.endswith(".broken")], files
+
+
+async def write_keys(
+    api: Api, model: Acknowledged, rng: random.Random, keys: list[int]
+) -> list[int]:
+    """One write per key, in one request; the model learns what was acknowledged."""
+    writes = {key: next_write(rng, key, model.acked[key]) for key in keys}
+    codes = await api.codes("write", body(GROUP, (TOPIC, [e for e, _ in writes.values()])))
+    for (key, (_, expected)), code in zip(writes.items(), codes, strict=True):
+        if code == 0:
+            model.acked[key] = expected
+    return codes
+
+
+async def served_on_a_full_disk(api: Api, model: Acknowledged, rng: random.Random) -> None:
+    """Reads answered from what is on disk, writes 15, and the daemon says why."""
+    await model.check(api)  # every acknowledged key reads back as acknowledged
+    keys = list(model.acked)
+    reads = await api.results("read", body(GROUP, (TOPIC, [read_entry(k) for k in keys])))
+    for key, result in zip(keys, reads, strict=True):
+        assert result["error_code"] == 0, result
+        expected = model.acked[key]
+        batches = tuple(tuple(b.values()) for b in result["state_batches"])
+        assert (result["start_offset"], batches) == (
+            expected.start_offset,
+            expected.state_batches,
+        )
+    summaries = await api.codes(
+        "read-summary", body(GROUP, (TOPIC, [{"partition": k} for k in keys]))
+    )
+    assert set(summaries) == {0}
+    assert set(await write_keys(api, model, rng, keys)) == {15}
+    assert set(await api.codes("initialize", model.init_body())) == {15}
+    ready = await api.readyz()
+    assert ready.status == 200, ready.body
+    assert ready.body["failed_partitions"] == list(range(NUM_PARTITIONS)), ready.body
+    for failure in ready.body["failures"]:
+        assert READS_SERVED in failure["error"], failure
+    metrics = await api.metrics()
+    for p in range(NUM_PARTITIONS):
+        assert (
+            metric_value(metrics, "sharecoord_partition_status", partition=str(p), status="failed")
+            == 1
+        )
+
+
+async def writes_again(api: Api, model: Acknowledged, rng: random.Random) -> None:
+    """After the filler is deleted: writes are taken again, by themselves."""
+    deadline = time.monotonic() + DEADLINE_S
+    keys = list(model.acked)
+    while set(await write_keys(api, model, rng, keys)) != {0}:
+        assert time.monotonic() < deadline, (await api.readyz()).body
+        await asyncio.sleep(0.05)
+    ready = await api.readyz()
+    assert ready.body["failed_partitions"] == [], ready.body
+    await model.check(api)
+
+
+async def no_trace_and_a_clean_log(daemons: list[Daemon], data_dir: Path) -> None:
+    for daemon in daemons:
+        stderr = await asyncio.to_thread(daemon.stderr_text)
+        assert "Traceback" not in stderr, stderr
+    verify = await asyncio.to_thread(run_cli, "log", "verify", "--data-dir", str(data_dir))
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+
+
+async def test_a_restart_on_a_full_disk_serves_reads_and_writes_once_space_returns(
+    spawn: Any, daemons: list[Daemon], full_disk: FullFilesystem
+) -> None:
+    rng = random.Random(3)
+    model = Acknowledged(GROUP, the_keys())
+    data_dir = full_disk.path / "data"
+    daemon = await spawn(data_dir, *FLAGS, partitions=NUM_PARTITIONS)
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url, "msgpack")
+        assert set(await api.codes("initialize", model.init_body())) == {0}
+        for _ in range(5):
+            assert set(await write_keys(api, model, rng, list(model.acked))) == {0}
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    before = await asyncio.to_thread(listing, data_dir)
+    await asyncio.to_thread(full_disk.fill)
+
+    daemon = await spawn(data_dir, *FLAGS, partitions=NUM_PARTITIONS)
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url)
+        await served_on_a_full_disk(api, model, rng)
+        # Nothing made at start: the same files, the same sizes (the PID aside).
+        after = await asyncio.to_thread(listing, data_dir)
+        no_temporary_files(after)
+        assert {f: s for f, s in after.items() if f != "LOCK"} == {
+            f: s for f, s in before.items() if f != "LOCK"
+        }
+        await asyncio.to_thread(full_disk.free)
+        await writes_again(api, model, rng)
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    await no_trace_and_a_clean_log(daemons, data_dir)
+
+
+async def test_a_daemon_killed_on_a_full_disk_restarts_serving_what_it_acknowledged(
+    spawn: Any, daemons: list[Daemon], full_disk: FullFilesystem
+) -> None:
+    """The disk fills under writes (the journal takes some still, the partitions' files
+    do not); SIGKILL; the restart on the still-full disk has frames to bring from the
+    journal into the files, which needs space, and serves the reads meanwhile."""
+    rng = random.Random(4)
+    model = Acknowledged(GROUP, the_keys())
+    data_dir = full_disk.path / "data"
+    daemon = await spawn(data_dir, *FLAGS, partitions=NUM_PARTITIONS)
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url, "msgpack")
+        assert set(await api.codes("initialize", model.init_body())) == {0}
+        await asyncio.to_thread(full_disk.fill)
+        deadline = time.monotonic() + DEADLINE_S
+        acknowledged_when_full = 0
+        # Until every partition failed: acknowledged writes are in the journal only.
+        while set(codes := await write_keys(api, model, rng, list(model.acked))) != {15}:
+            acknowledged_when_full += codes.count(0)
+            assert time.monotonic() < deadline
+        assert acknowledged_when_full > 0
+    os.kill(daemon.pid, signal.SIGKILL)
+    assert await asyncio.to_thread(daemon.wait) == -signal.SIGKILL
+
+    daemon = await spawn(data_dir, *FLAGS, partitions=NUM_PARTITIONS)
+    stderr = await asyncio.to_thread(daemon.stderr_text)
+    assert "not caught up with the journal" in stderr, stderr  # recovery had work
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url)
+        await served_on_a_full_disk(api, model, rng)
+        no_temporary_files(await asyncio.to_thread(listing, data_dir))
+        await asyncio.to_thread(full_disk.free)
+        await writes_again(api, model, rng)
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    await no_trace_and_a_clean_log(daemons, data_dir)
+
+
+def test_the_full_filesystem_helper_really_refuses_writes(tmp_path: Path) -> None:
+    mount = tmp_path / "fs"
+    mount.mkdir()
+    with full_filesystem(mount, 1024 * 1024) as disk:
+        assert disk.fill() > 0
+        probe = disk.path / "probe"
+        with pytest.raises(OSError, match="No space left on device"):
+            probe.write_bytes(b"x" * 8192)
+        disk.free()
+        probe.write_bytes(b"x" * 8192)
