@@ -149,6 +149,7 @@ class GroupCommitter:
         self._disk_full: BaseException | None = None
         self._making_room: asyncio.Task[None] | None = None
         self._ready_again = False
+        self._prepared: asyncio.Future[None] | None = None
 
     def start(self) -> None:
         """Start committing, on the running event loop."""
@@ -158,6 +159,7 @@ class GroupCommitter:
         self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-checkpoint")
         self._wakeup = asyncio.Event()
         loop = asyncio.get_running_loop()
+        self._prepared = loop.create_future()
         self._task = loop.create_task(self._run(), name="group-commit")
         self._ticker = loop.create_task(self._tick(), name="checkpoint-ticker")
         # The journal's first segments, ahead of the first cycle (and the end of the
@@ -168,6 +170,13 @@ class GroupCommitter:
     def journal_bytes(self) -> int:
         """Journal bytes no checkpoint has freed yet."""
         return max(0, self._journal.end_lsn - self._log.checkpoint.lowest_lsn())
+
+    async def prepared(self) -> None:
+        """Return once the journal's first try to get ready (start) has ended, in
+        success or with `disk_full` set: a partition should not serve before, or a
+        write could reach its shard that a full disk then refuses."""
+        if self._prepared is not None:
+            await asyncio.shield(self._prepared)
 
     @property
     def disk_full(self) -> BaseException | None:
@@ -421,7 +430,12 @@ class GroupCommitter:
     ) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            error, free = await attempt
+            try:
+                error, free = await attempt
+            finally:
+                if self._prepared is not None and not self._prepared.done():
+                    # Its waiters resume after this step, which reports the outcome.
+                    self._prepared.set_result(None)
             if error is None:
                 self._report_disk_full(None)
                 if not self._ready_again:
@@ -453,6 +467,7 @@ class GroupCommitter:
             return
         self._disk_full = error
         if error is None:
+            self._room.note_room()  # what else waits for room may try now
             _log.info("the journal has room again: writes are taken")
         else:
             _log.warning(

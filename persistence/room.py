@@ -2,7 +2,8 @@
 
 What a full disk refused (a commit, a partition's repair, the writes that end an open)
 is tried again once there may be room for it: as soon as the file system holding the
-data directory has more free space than when the try failed, and at least every
+data directory has more free space than when the try failed, or someone found room
+(``note_room``: the group commit made its next journal segment), and at least every
 ``max_wait_s`` (a quota, EDQUOT, does not show in the free space). One poll of the
 free space serves every waiter, off the event loop: a disk that stays full costs one
 statvfs per ``poll_s``, not a failed try per partition.
@@ -18,8 +19,11 @@ from persistence.fileops import FileOps
 _log = logging.getLogger("sharecoord.log")
 
 POLL_S = 0.1
-# A full disk is tried again as soon as its free space grows, and at least this often.
+# A full disk is tried again as soon as its free space grows, and at least this often
+# (the group commit's cheap try: its next journal segment)...
 DISK_FULL_RETRY_S = 2.0
+# ... and a partition's (a reload reads the journal) from that, doubling up to this.
+DISK_FULL_RETRY_MAX_S = 30.0
 
 
 class RoomWatch:
@@ -44,7 +48,7 @@ class RoomWatch:
 
     async def wait_for_more(self, than: int | None, max_wait_s: float) -> None:
         """Return once the free space exceeds `than` (the free bytes when a try failed;
-        None: not known), or after `max_wait_s`."""
+        None: not known), once someone noted room, or after `max_wait_s`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_s
         self._waiters += 1
@@ -65,6 +69,12 @@ class RoomWatch:
                     return
         finally:
             self._waiters -= 1
+
+    def note_room(self) -> None:
+        """There is room again (a write that needed it worked): every waiter returns."""
+        polled, self._polled = self._polled, None
+        if polled is not None and not polled.done():
+            polled.set_result(None)
 
     async def _poll(self) -> None:
         """While anyone waits: the free space every poll_s, to every waiter at once."""

@@ -624,6 +624,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 metrics=metrics,
                 exclusive=committer.run_exclusive,
                 room=room,
+                before_serving=committer.prepared,
             )
             _track(metrics, runtimes[partition])
         metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))

@@ -36,7 +36,7 @@ from typing import Any
 from persistence import FileOps, LogRecord, PartitionFailedError, PartitionLog
 from persistence.fileops import is_disk_full
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
-from persistence.room import DISK_FULL_RETRY_S, RoomWatch
+from persistence.room import DISK_FULL_RETRY_MAX_S, DISK_FULL_RETRY_S, RoomWatch
 from protocol.messages import AnyPartitionResult, Rpc
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
@@ -96,6 +96,7 @@ class PartitionRuntime:
         metrics: ShareCoordinatorMetrics | None = None,
         exclusive: Callable[[Callable[[], None]], Awaitable[None]] | None = None,
         room: RoomWatch | None = None,
+        before_serving: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.partition = partition
         # Where a reset runs: the commit thread (GroupCommitter.run_exclusive), so it
@@ -114,6 +115,10 @@ class PartitionRuntime:
         self._metrics.bytes_appended.labels(partition).set_function(lambda: self.bytes_appended)
         self.shard = self._new_shard()
         self._room = room or RoomWatch(FileOps(), log.partition_dir)
+        # Awaited once loaded, before serving: the journal's first try to get ready
+        # (GroupCommitter.prepared), so a full disk holds the partition before any
+        # write can reach its shard.
+        self._before_serving = before_serving
         # The partition's own state; `status`, `error` and `readable` are what it shows,
         # a hold included (_show).
         self._own_status = Status.LOADING
@@ -186,6 +191,8 @@ class PartitionRuntime:
             return
         self.load_seconds = time.perf_counter() - started
         self._metrics.load_duration.labels(self.partition).set(self.load_seconds)
+        if self._before_serving is not None:
+            await self._before_serving()
         self._set_status(Status.ACTIVE)
         # One line per partition only when loading it took a noticeable while.
         _log.log(
@@ -350,6 +357,7 @@ class PartitionRuntime:
 
     async def _recover(self) -> None:
         delay = RELOAD_BACKOFF_INITIAL_S
+        full_wait = DISK_FULL_RETRY_S
         attempt = 0
         while not self._closing:
             attempt += 1
@@ -360,18 +368,26 @@ class PartitionRuntime:
             except Exception as exc:
                 self._own_error = f"reload attempt {attempt} failed: {_describe_failure(exc)}"
                 self._show()
-                _log.warning("state partition %d: %s", self.partition, self._own_error)
                 if not is_disk_full(exc):
+                    _log.warning("state partition %d: %s", self.partition, self._own_error)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RELOAD_BACKOFF_MAX_S)
                     continue
-                # A full disk: the attempt is worth repeating once there is more room.
+                # A full disk: worth trying again once there is more room (its error and
+                # /readyz count the attempts; the log says it once).
+                _log.log(
+                    logging.WARNING if full_wait == DISK_FULL_RETRY_S else logging.DEBUG,
+                    "state partition %d: %s",
+                    self.partition,
+                    self._own_error,
+                )
                 if self._shard_durable:
                     self._serving_reads(self._own_error)
                 else:
                     await self._serve_reads_meanwhile(self._own_error)
                 free = await asyncio.to_thread(self._room.free_bytes)
-                await self._room.wait_for_more(free, DISK_FULL_RETRY_S)
+                await self._room.wait_for_more(free, full_wait)
+                full_wait = min(full_wait * 2, DISK_FULL_RETRY_MAX_S)
                 continue
             self._recovery = None
             self._set_status(Status.ACTIVE)
