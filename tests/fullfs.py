@@ -134,6 +134,22 @@ def _in_a_namespace(directory: Path, size: int) -> tuple[subprocess.Popen[str] |
     return None, (stderr.strip() or f"exit code {holder.returncode}").splitlines()[-1]
 
 
+def listing(data_dir: Path) -> dict[str, int]:
+    """Every file under a data directory, with its size."""
+    found = {}
+    for directory, _, files in os.walk(data_dir):
+        for name in files:
+            path = Path(directory, name)
+            found[str(path.relative_to(data_dir))] = path.stat().st_size
+    return found
+
+
+def no_temporary_files(files: dict[str, int]) -> None:
+    """What a full disk must not leave: a temporary file, or an empty .broken one."""
+    assert not [f for f in files if f.endswith(".tmp")], files
+    assert not [f for f, size in files.items() if size == 0 and f.endswith(".broken")], files
+
+
 @pytest.fixture
 def full_disk(tmp_path: Path) -> Iterator[FullFilesystem]:
     """A tmpfs of FULL_DISK_BYTES for this test, empty (not filled yet)."""

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.fullfs import full_disk  # noqa: F401
 from tests.server.conftest import daemons, session, spawn  # noqa: F401
 
 FIGURES_ENV = "SHARECOORD_RELIABILITY_FIGURES"

@@ -29,7 +29,7 @@ import pytest
 
 from persistence import list_segments, partition_dir
 from tests.reliability.model import Model
-from tests.reliability.traffic import Traffic, admin_states
+from tests.reliability.traffic import Traffic, check_exact, resumed
 from tests.server.daemons import (
     TOPIC,
     Acknowledged,
@@ -73,15 +73,6 @@ async def wait_all_active(api: Api) -> None:
             return
         assert time.monotonic() < deadline, f"partitions did not recover: {listing}"
         await asyncio.sleep(0.02)
-
-
-async def check_exact(session: aiohttp.ClientSession, url: str, model: Model, rng) -> None:
-    """Every key shows exactly the state the model holds (nothing lost, nothing extra)."""
-    wrong = []
-    for key, shown in (await admin_states(session, url, model, rng)).items():
-        if not model.reconcile(key, shown):
-            wrong.append(f"{key}: {shown} not in {model.possible[key]}")
-    assert not wrong, "\n".join(wrong)
 
 
 # --- a request whose records straddle a failed segment roll ------------------------------
@@ -279,22 +270,6 @@ def random_fault(rng: random.Random, ops: tuple[str, ...]) -> list[dict[str, Any
             fault["short_write"] = rng.random() < 0.4
         faults.append(fault)
     return faults
-
-
-async def resumed(traffic: Traffic, url: str, requests: int = 30) -> None:
-    """With the fault cleared, service is back: a burst of requests with no 15 at all."""
-    target = traffic.acknowledged + requests
-    done = asyncio.Event()
-
-    def count() -> None:
-        if traffic.acknowledged >= target:
-            traffic.stopped = True
-            done.set()
-
-    traffic.faults, traffic.stopped, traffic.on_acknowledged = False, False, count
-    await traffic.run(url, 2)
-    assert done.is_set()
-    traffic.faults = True
 
 
 async def fault_rounds(

@@ -141,3 +141,30 @@ async def admin_states(
             assert response.content_type == MEDIA[fmt]
             shown[key] = body
     return shown
+
+
+async def check_exact(
+    session: aiohttp.ClientSession, url: str, model: Model, rng: random.Random
+) -> None:
+    """Every key shows exactly the state the model holds (nothing lost, nothing extra)."""
+    wrong = []
+    for key, shown in (await admin_states(session, url, model, rng)).items():
+        if not model.reconcile(key, shown):
+            wrong.append(f"{key}: {shown} not in {model.possible[key]}")
+    assert not wrong, "\n".join(wrong)
+
+
+async def resumed(traffic: Traffic, url: str, requests: int = 30) -> None:
+    """With the fault cleared, service is back: a burst of requests with no 15 at all."""
+    target = traffic.acknowledged + requests
+    done = asyncio.Event()
+
+    def count() -> None:
+        if traffic.acknowledged >= target:
+            traffic.stopped = True
+            done.set()
+
+    traffic.faults, traffic.stopped, traffic.on_acknowledged = False, False, count
+    await traffic.run(url, 2)
+    assert done.is_set()
+    traffic.faults = True

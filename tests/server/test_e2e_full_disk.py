@@ -23,7 +23,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.fullfs import FullFilesystem, full_filesystem
+from server.runtime import READS_SERVED
+from tests.fullfs import FullFilesystem, full_filesystem, listing, no_temporary_files
 from tests.server.daemons import (
     TOPIC,
     Acknowledged,
@@ -41,7 +42,6 @@ NUM_PARTITIONS = 4
 GROUP = "full"
 FLAGS = ("--journal-segment-bytes", "65536", "--segment-bytes", "4096")
 DEADLINE_S = 120.0  # a safety net, not a timing assertion
-READS_SERVED = "the disk is full: reads are served, writes answer 15 until it has room"
 
 
 def the_keys() -> list[int]:
@@ -50,21 +50,6 @@ def the_keys() -> list[int]:
         for p in range(NUM_PARTITIONS)
         for key in partitions_in(p, NUM_PARTITIONS, group_id=GROUP, count=2)
     ]
-
-
-def listing(data_dir: Path) -> dict[str, int]:
-    """Every file under the data directory, with its size."""
-    found = {}
-    for root, _, files in os.walk(data_dir):
-        for name in files:
-            path = Path(root, name)
-            found[str(path.relative_to(data_dir))] = path.stat().st_size
-    return found
-
-
-def no_temporary_files(files: dict[str, int]) -> None:
-    assert not [f for f in files if f.endswith(".tmp")], files
-    assert not [f for f, size in files.items() if size == 0 and f.endswith(".broken")], files
 
 
 async def write_keys(
@@ -77,6 +62,18 @@ async def write_keys(
         if code == 0:
             model.acked[key] = expected
     return codes
+
+
+async def reads_served_everywhere(api: Api, partitions: int = NUM_PARTITIONS) -> None:
+    """Wait until every partition says it serves reads (a partition whose write failed
+    a moment ago may still be reading what is on disk)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while True:
+        failures = (await api.readyz()).body["failures"]
+        if len(failures) == partitions and all(READS_SERVED in f["error"] for f in failures):
+            return
+        assert time.monotonic() < deadline, failures
+        await asyncio.sleep(0.05)
 
 
 async def served_on_a_full_disk(api: Api, model: Acknowledged, rng: random.Random) -> None:
@@ -149,6 +146,12 @@ async def test_a_restart_on_a_full_disk_serves_reads_and_writes_once_space_retur
 
     daemon = await spawn(data_dir, *FLAGS, partitions=NUM_PARTITIONS)
     async with aiohttp.ClientSession() as session:
+        await served_on_a_full_disk(Api(session, daemon.url), model, rng)
+    # A stop on the full disk is a clean one (its last checkpoint waits for the next
+    # start), and so is the start after it.
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    daemon = await spawn(data_dir, *FLAGS, partitions=NUM_PARTITIONS)
+    async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url)
         await served_on_a_full_disk(api, model, rng)
         # Nothing made at start: the same files, the same sizes (the PID aside).
@@ -167,8 +170,9 @@ async def test_a_daemon_killed_on_a_full_disk_restarts_serving_what_it_acknowled
     spawn: Any, daemons: list[Daemon], full_disk: FullFilesystem
 ) -> None:
     """The disk fills under writes (the journal takes some still, the partitions' files
-    do not); SIGKILL; the restart on the still-full disk has frames to bring from the
-    journal into the files, which needs space, and serves the reads meanwhile."""
+    do not), and the daemon goes on answering reads; SIGKILL; the restart on the
+    still-full disk has frames to bring from the journal into the files, which needs
+    space, and serves the reads meanwhile."""
     rng = random.Random(4)
     model = Acknowledged(GROUP, the_keys())
     data_dir = full_disk.path / "data"
@@ -184,6 +188,9 @@ async def test_a_daemon_killed_on_a_full_disk_restarts_serving_what_it_acknowled
             acknowledged_when_full += codes.count(0)
             assert time.monotonic() < deadline
         assert acknowledged_when_full > 0
+        # The disk filled under the running daemon: its reads go on all the same.
+        await reads_served_everywhere(api)
+        await served_on_a_full_disk(api, model, rng)
     os.kill(daemon.pid, signal.SIGKILL)
     assert await asyncio.to_thread(daemon.wait) == -signal.SIGKILL
 
