@@ -38,6 +38,9 @@ class Fault:
     path_contains: str
     after: int = 0
     short_write: bool = False
+    # The process dies at the failed call: the removal of a temporary file that a
+    # failed write does next (fileops.write_file_atomically) never happens.
+    dies: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,11 @@ STEPS = {
         Fault("open", ".manifest.tmp"), None, False, "L0 L16 L32 L48 | C", "unchanged"
     ),
     "manifest-temp-not-renamed": Step(
-        Fault("rename", ".manifest.tmp"), None, False, "L0 L16 L32 L48 | C T", "unchanged"
+        Fault("rename", ".manifest.tmp", dies=True),
+        None,
+        False,
+        "L0 L16 L32 L48 | C T",
+        "unchanged",
     ),
     "manifest-written": Step(None, None, False, "L0 L16 L32 L48 | C M", "staged"),
     "cleaned-fsync-at-commit-failed": Step(
@@ -117,6 +124,8 @@ def injecting(fault: Fault | None) -> FaultInjectingFileOps:
             after=fault.after,
             short_write=fault.short_write,
         )
+        if fault.dies:
+            fs.fail("unlink", errno.EIO, path_contains=fault.path_contains)
     return fs
 
 
