@@ -181,8 +181,9 @@ class GroupCommitter:
     @property
     def disk_full(self) -> BaseException | None:
         """The error of a full disk that keeps the journal from taking records (no room
-        for its next segment, or for the end of the open), or None. Writes must be
-        refused (15) before they reach a shard while it is set; reads go on."""
+        for its next segment, or for the end of the open, which any error of the disk
+        holds back), or None. Writes must be refused (15) before they reach a shard
+        while it is set; reads go on."""
         return self._disk_full
 
     @property
@@ -443,10 +444,12 @@ class GroupCommitter:
                 self._ready_again = False
                 attempt = loop.run_in_executor(self._checkpointer, self._get_ready)
                 continue
-            if not is_disk_full(error):
+            if not is_disk_full(error) and not self._log.opening_unfinished:
                 # Not the room: the next roll makes the segment itself, or fails the cycle.
                 _log.warning("journal: next segment not made ahead of need: %s", error)
                 return
+            # No room, or the end of the open refused (by whatever error): no record
+            # can be written until this works, so writes are refused meanwhile.
             self._report_disk_full(error)
             await self._room.wait_for_more(free, DISK_FULL_RETRY_S)
             self._ready_again = False

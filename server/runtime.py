@@ -64,6 +64,7 @@ RELOAD_BACKOFF_MAX_S = 5.0
 SLOW_LOAD_S = 1.0
 # Said of a failed partition that serves reads (its `error`, /readyz, the log).
 READS_SERVED = "the disk is full: reads are served, writes answer 15 until it has room"
+READS_SERVED_UNTIL_THE_DISK_WORKS = "reads are served, writes answer 15 until the disk works"
 
 
 class Status(enum.Enum):
@@ -161,7 +162,11 @@ class PartitionRuntime:
         """The journal has no room for records (`cause`), or has again (None): while
         held, an active partition shows itself failed, serves reads, and the service
         refuses its writes before they reach the shard."""
-        self._held = None if cause is None else f"write or fsync failed: {cause}; {READS_SERVED}"
+        if cause is None:
+            self._held = None
+        else:
+            served = READS_SERVED if is_disk_full(cause) else READS_SERVED_UNTIL_THE_DISK_WORKS
+            self._held = f"write or fsync failed: {cause}; {served}"
         self._show()
 
     # --- loading ----------------------------------------------------------------------
