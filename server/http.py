@@ -600,7 +600,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
 
         def disk_full(cause: BaseException | None) -> None:
             for runtime in runtimes.values():
-                runtime.hold(cause)
+                runtime.journal_full(cause)
 
         committer = GroupCommitter(
             log,

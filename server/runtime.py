@@ -18,9 +18,9 @@ refuses what would append a record). That is so when the failure left nothing ap
 past the durable end, and otherwise once the shard is rebuilt from what the recovery
 that the disk refused will leave (``PartitionLog.read_recovered``, which writes
 nothing). The recovery is then tried again each time the disk's free space grows. A
-partition can also be ``held``: loaded and sound, but the journal has no room for
-records (the committer says so); it reports itself failed and serves reads until the
-committer has room again.
+partition can also be refused by the journal: loaded and sound, but the journal has no
+room for records (the committer says so, ``journal_full``); it reports itself failed and
+serves reads until the committer has room again.
 """
 
 from __future__ import annotations
@@ -117,15 +117,15 @@ class PartitionRuntime:
         self.shard = self._new_shard()
         self._room = room or RoomWatch(FileOps(), log.partition_dir)
         # Awaited once loaded, before serving: the journal's first try to get ready
-        # (GroupCommitter.prepared), so a full disk holds the partition before any
+        # (GroupCommitter.prepared), so a full disk stops its writes before any
         # write can reach its shard.
         self._before_serving = before_serving
         # The partition's own state; `status`, `error` and `readable` are what it shows,
-        # a hold included (_show).
+        # a full journal included (_show).
         self._own_status = Status.LOADING
         self._own_error: str | None = None
         self._shard_durable = False  # while failed: the shard holds exactly what is durable
-        self._held: str | None = None  # the journal has no room (committer's word)
+        self._journal_full: str | None = None  # why the journal takes no records, or None
         self.status = Status.LOADING
         self.error: str | None = None
         # Reads may be answered from the shard: always when active, and when failed
@@ -149,24 +149,24 @@ class PartitionRuntime:
 
     def _show(self) -> None:
         """What the partition shows: its own status, but failed (and readable) while
-        held."""
-        if self._own_status is Status.ACTIVE and self._held is not None:
-            self.status, self.error, self.readable = Status.FAILED, self._held, True
+        the journal takes no records."""
+        if self._own_status is Status.ACTIVE and self._journal_full is not None:
+            self.status, self.error, self.readable = Status.FAILED, self._journal_full, True
             return
         self.status, self.error = self._own_status, self._own_error
         self.readable = self._own_status is Status.ACTIVE or (
             self._own_status is Status.FAILED and self._shard_durable
         )
 
-    def hold(self, cause: BaseException | None) -> None:
-        """The journal has no room for records (`cause`), or has again (None): while
-        held, an active partition shows itself failed, serves reads, and the service
-        refuses its writes before they reach the shard."""
+    def journal_full(self, cause: BaseException | None) -> None:
+        """The journal has no room for records (`cause`), or has again (None): meanwhile
+        an active partition shows itself failed, serves reads, and the service refuses
+        its writes before they reach the shard."""
         if cause is None:
-            self._held = None
+            self._journal_full = None
         else:
             served = READS_SERVED if is_disk_full(cause) else READS_SERVED_UNTIL_THE_DISK_WORKS
-            self._held = f"write or fsync failed: {cause}; {served}"
+            self._journal_full = f"write or fsync failed: {cause}; {served}"
         self._show()
 
     # --- loading ----------------------------------------------------------------------
