@@ -98,7 +98,7 @@ def full_filesystem(directory: Path, size: int) -> Iterator[FullFilesystem]:
         yield FullFilesystem(Path(f"/proc/{holder.pid}/root{directory.resolve()}"), size)
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()  # waits, and closes its pipes
 
 
 def _run(*command: str) -> str | None:
