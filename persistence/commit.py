@@ -58,6 +58,7 @@ _log = logging.getLogger("sharecoord.log")
 DEFAULT_CHECKPOINT_INTERVAL_MS = 10_000
 DEFAULT_CHECKPOINT_BYTES = 8 * 1024 * 1024
 DEFAULT_JOURNAL_MAX_BYTES = 1024 * 1024 * 1024
+DISK_FULL_RETRY_INITIAL_S = 0.05  # then doubling to room.DISK_FULL_RETRY_S
 
 T = TypeVar("T")
 
@@ -430,6 +431,7 @@ class GroupCommitter:
         self, attempt: asyncio.Future[tuple[BaseException | None, int | None]]
     ) -> None:
         loop = asyncio.get_running_loop()
+        delay = DISK_FULL_RETRY_INITIAL_S
         while True:
             try:
                 error, free = await attempt
@@ -451,7 +453,8 @@ class GroupCommitter:
             # No room, or the end of the open refused (by whatever error): no record
             # can be written until this works, so writes are refused meanwhile.
             self._report_disk_full(error)
-            await self._room.wait_for_more(free, DISK_FULL_RETRY_S)
+            await self._room.wait_for_more(free, delay)
+            delay = min(delay * 2, DISK_FULL_RETRY_S)
             self._ready_again = False
             attempt = loop.run_in_executor(self._checkpointer, self._get_ready)
 

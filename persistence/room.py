@@ -19,11 +19,10 @@ from persistence.fileops import FileOps
 _log = logging.getLogger("sharecoord.log")
 
 POLL_S = 0.1
-# A full disk is tried again as soon as its free space grows, and at least this often
-# (the group commit's cheap try: its next journal segment)...
+# The group commit's try on a full disk (its next journal segment: cheap) runs as soon as
+# the free space grows, and at least every this (from 50 ms, doubling). A partition's
+# reload keeps its own backoff (server/runtime.py), cut short the same way.
 DISK_FULL_RETRY_S = 2.0
-# ... and a partition's (a reload reads the journal) from that, doubling up to this.
-DISK_FULL_RETRY_MAX_S = 30.0
 
 
 class RoomWatch:

@@ -36,7 +36,7 @@ from typing import Any
 from persistence import FileOps, LogRecord, PartitionFailedError, PartitionLog
 from persistence.fileops import is_disk_full
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
-from persistence.room import DISK_FULL_RETRY_MAX_S, DISK_FULL_RETRY_S, RoomWatch
+from persistence.room import RoomWatch
 from protocol.messages import AnyPartitionResult, Rpc
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
@@ -362,7 +362,7 @@ class PartitionRuntime:
 
     async def _recover(self) -> None:
         delay = RELOAD_BACKOFF_INITIAL_S
-        full_wait = DISK_FULL_RETRY_S
+        said_full = False
         attempt = 0
         while not self._closing:
             attempt += 1
@@ -378,21 +378,22 @@ class PartitionRuntime:
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, RELOAD_BACKOFF_MAX_S)
                     continue
-                # A full disk: worth trying again once there is more room (its error and
-                # /readyz count the attempts; the log says it once).
+                # A full disk: the same backoff, cut short as soon as there is more room
+                # (its error and /readyz count the attempts; the log says it once).
                 _log.log(
-                    logging.WARNING if full_wait == DISK_FULL_RETRY_S else logging.DEBUG,
+                    logging.DEBUG if said_full else logging.WARNING,
                     "state partition %d: %s",
                     self.partition,
                     self._own_error,
                 )
+                said_full = True
                 if self._shard_durable:
                     self._serving_reads(self._own_error)
                 else:
                     await self._serve_reads_meanwhile(self._own_error)
                 free = await asyncio.to_thread(self._room.free_bytes)
-                await self._room.wait_for_more(free, full_wait)
-                full_wait = min(full_wait * 2, DISK_FULL_RETRY_MAX_S)
+                await self._room.wait_for_more(free, delay)
+                delay = min(delay * 2, RELOAD_BACKOFF_MAX_S)
                 continue
             self._recovery = None
             self._set_status(Status.ACTIVE)

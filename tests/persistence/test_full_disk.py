@@ -25,7 +25,6 @@ from log_helpers import (
 )
 
 from persistence import FaultInjectingFileOps, FileOps, GroupCommitter, LogRecord, StateLog
-from persistence import commit as commit_module
 from persistence.fileops import create_file_durably, write_file_atomically
 from persistence.journal import list_journal_segments
 from persistence.scratch import ScratchFileOps
@@ -243,12 +242,9 @@ def _error_of(call: Callable[[], object]) -> str:
     return "no error"
 
 
-async def test_the_committer_says_the_disk_is_full_and_when_it_has_room(
-    data_dir, monkeypatch
-) -> None:
+async def test_the_committer_says_the_disk_is_full_and_when_it_has_room(data_dir) -> None:
     """No room for the journal's next segment: `disk_full` is set (writes are to be
     refused before they reach a shard), and cleared once the segment could be made."""
-    monkeypatch.setattr(commit_module, "DISK_FULL_RETRY_S", 0.05)
     fs = FaultInjectingFileOps()
     log = await asyncio.to_thread(StateLog.open, data_dir, NUM_PARTITIONS, fs=fs)
     fs.fail("write", errno.ENOSPC, path_contains="journal/", times=None)
