@@ -675,10 +675,12 @@ class PartitionLog:
                 self._publish()
 
     def _check_mutable(self) -> None:
-        if not self._opened or not self.writable:
-            raise LogError(f"{self!r} is not open for writing")
+        # A failure first: a partition being reset is not open either, and a job that
+        # meets it is told it failed (which it expects), not that it was never opened.
         if self._failure is not None:
             raise PartitionFailedError(self.partition, self._failure)
+        if not self._opened or not self.writable:
+            raise LogError(f"{self!r} is not open for writing")
 
     def close(self) -> None:
         """Release the active segment. Buffered appends not committed are dropped."""

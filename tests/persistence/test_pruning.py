@@ -108,3 +108,26 @@ def test_a_failed_partition_is_not_pruned(data_dir: str) -> None:
         part.prune(12)
     assert bases_on_disk(part) == [0, 5, 10, 15, 20]
     log.close()
+
+
+def test_a_partition_whose_reset_failed_is_not_pruned_and_says_it_failed(data_dir: str) -> None:
+    """The prune job meets a partition between a failed commit and a finished reset (no
+    longer open): it must hear that the partition failed, which it expects, not an error
+    it logs as a bug."""
+    fs = FaultInjectingFileOps()
+    log = open_log(data_dir, segment_bytes=SEGMENT_BYTES, fs=fs)
+    part = log.partition(0)
+    part.open()
+    write_records(part, 22)
+    fs.fail("fdatasync", errno.EIO)
+    with pytest.raises(OSError, match="injected"):
+        write_records(part, 1, first=22)
+    fs.fail("truncate", errno.EIO, times=None)
+    with pytest.raises(OSError, match="injected"):
+        part.reset_to_durable()
+    assert not part.is_open
+    with pytest.raises(PartitionFailedError):
+        part.prune(12)
+    assert bases_on_disk(part) == [0, 5, 10, 15, 20]
+    fs.clear()
+    log.close()
