@@ -432,31 +432,46 @@ class GroupCommitter:
     ) -> None:
         loop = asyncio.get_running_loop()
         delay = DISK_FULL_RETRY_INITIAL_S
-        while True:
-            try:
+        # While writes are taken, a failure is tried again at once before they are
+        # refused: one that has already passed (the disk freed meanwhile) stops none.
+        confirm = self._disk_full is None
+        try:
+            while True:
                 error, free = await attempt
-            finally:
-                if self._prepared is not None and not self._prepared.done():
-                    # Its waiters resume after this step, which reports the outcome.
-                    self._prepared.set_result(None)
-            if error is None:
-                self._report_disk_full(None)
-                if not self._ready_again:
+                if error is None:
+                    self._report_disk_full(None)
+                    self._set_prepared()
+                    if not self._ready_again:
+                        return
+                    confirm = True
+                elif not (
+                    is_disk_full(error)
+                    or self._log.opening_unfinished
+                    or self._disk_full is not None
+                ):
+                    # Not the room: the next roll makes the segment itself, or fails the
+                    # cycle.
+                    _log.warning("journal: next segment not made ahead of need: %s", error)
                     return
+                elif confirm:
+                    confirm = False
+                else:
+                    # No room, or the end of the open refused (by whatever error): no
+                    # record can be written until this works, so writes are refused
+                    # meanwhile (and stay so while the disk refuses, whatever it says).
+                    self._report_disk_full(error)
+                    self._set_prepared()
+                    await self._room.wait_for_more(free, delay)
+                    delay = min(delay * 2, DISK_FULL_RETRY_S)
                 self._ready_again = False
                 attempt = loop.run_in_executor(self._checkpointer, self._get_ready)
-                continue
-            if not is_disk_full(error) and not self._log.opening_unfinished:
-                # Not the room: the next roll makes the segment itself, or fails the cycle.
-                _log.warning("journal: next segment not made ahead of need: %s", error)
-                return
-            # No room, or the end of the open refused (by whatever error): no record
-            # can be written until this works, so writes are refused meanwhile.
-            self._report_disk_full(error)
-            await self._room.wait_for_more(free, delay)
-            delay = min(delay * 2, DISK_FULL_RETRY_S)
-            self._ready_again = False
-            attempt = loop.run_in_executor(self._checkpointer, self._get_ready)
+        finally:
+            self._set_prepared()
+
+    def _set_prepared(self) -> None:
+        """The first try's outcome is reported: partitions may serve (``prepared``)."""
+        if self._prepared is not None and not self._prepared.done():
+            self._prepared.set_result(None)
 
     def _get_ready(self) -> tuple[BaseException | None, int | None]:
         """(In the checkpoint thread.) The error that kept the journal from being ready,
