@@ -24,12 +24,10 @@ gets through.
 
 A full disk (ENOSPC, EDQUOT) is met before any record is lost to it: the journal keeps
 its next segment made ahead of need, and when the disk has no room for it (or for the
-writes that end the data directory's open, StateLog.finish_opening), the committer
-reports the disk full (`disk_full`, `on_disk_full`), and the service refuses writes
-(15) before they reach a shard, while reads go on. It tries again each time the free
-space grows (room.py), and reports the room back once the segment is made. A cycle
-whose journal record the disk refuses all the same (a record larger than a segment)
-fails as any, and reports the disk full too.
+writes that end the data directory's open) the committer reports the disk full
+(`disk_full`, `on_disk_full`), and the service refuses writes (15) before they reach a
+shard, while reads go on (readiness.py). A cycle whose journal record the disk refuses
+all the same (a record larger than a segment) fails as any, and reports it too.
 
 Measured (bench/group_commit.py): a cycle's fsync time no longer grows with the number
 of dirty partitions; see bench/results.
@@ -50,7 +48,8 @@ from persistence.errors import DurabilityError, LogError, PartitionFailedError
 from persistence.fileops import is_disk_full
 from persistence.journal import Journal
 from persistence.partition import PartitionLog, PendingBatch
-from persistence.room import DISK_FULL_RETRY_S, RoomWatch
+from persistence.readiness import DiskFullCallback, JournalReadiness
+from persistence.room import RoomWatch
 from persistence.statelog import StateLog
 
 _log = logging.getLogger("sharecoord.log")
@@ -58,7 +57,6 @@ _log = logging.getLogger("sharecoord.log")
 DEFAULT_CHECKPOINT_INTERVAL_MS = 10_000
 DEFAULT_CHECKPOINT_BYTES = 8 * 1024 * 1024
 DEFAULT_JOURNAL_MAX_BYTES = 1024 * 1024 * 1024
-DISK_FULL_RETRY_INITIAL_S = 0.05  # then doubling to room.DISK_FULL_RETRY_S
 
 T = TypeVar("T")
 
@@ -67,8 +65,6 @@ FailureCallback = Callable[[int, BaseException], None]
 CycleCallback = Callable[[int, list[float]], None]
 # After each checkpoint: how long it took, and how many partitions it synced.
 CheckpointCallback = Callable[[float, int], None]
-# The disk is full (the error that said so), or has room again (None).
-DiskFullCallback = Callable[[BaseException | None], None]
 
 
 class DurabilityBarrier:
@@ -145,12 +141,9 @@ class GroupCommitter:
         self._last_checkpoint = time.monotonic()
         self.cycles = 0  # commit cycles that wrote something
         self.checkpoints = 0
-        self._on_disk_full = on_disk_full
-        self._room = room or RoomWatch(log.fs, log.data_dir)
-        self._disk_full: BaseException | None = None
-        self._making_room: asyncio.Task[None] | None = None
-        self._ready_again = False
-        self._prepared: asyncio.Future[None] | None = None
+        self._readiness = JournalReadiness(
+            log, self._journal, room or RoomWatch(log.fs, log.data_dir), on_disk_full
+        )
 
     def start(self) -> None:
         """Start committing, on the running event loop."""
@@ -160,12 +153,11 @@ class GroupCommitter:
         self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-checkpoint")
         self._wakeup = asyncio.Event()
         loop = asyncio.get_running_loop()
-        self._prepared = loop.create_future()
         self._task = loop.create_task(self._run(), name="group-commit")
         self._ticker = loop.create_task(self._tick(), name="checkpoint-ticker")
         # The journal's first segments, ahead of the first cycle (and the end of the
         # data directory's open, if a full disk held it back).
-        self._make_ready()
+        self._readiness.start(self._checkpointer)
 
     @property
     def journal_bytes(self) -> int:
@@ -176,8 +168,7 @@ class GroupCommitter:
         """Return once the journal's first try to get ready (start) has ended, in
         success or with `disk_full` set: a partition should not serve before, or a
         write could reach its shard that a full disk then refuses."""
-        if self._prepared is not None:
-            await asyncio.shield(self._prepared)
+        await self._readiness.prepared()
 
     @property
     def disk_full(self) -> BaseException | None:
@@ -185,7 +176,7 @@ class GroupCommitter:
         for its next segment, or for the end of the open, which any error of the disk
         holds back), or None. Writes must be refused (15) before they reach a shard
         while it is set; reads go on."""
-        return self._disk_full
+        return self._readiness.disk_full
 
     @property
     def refusing_writes(self) -> bool:
@@ -207,9 +198,7 @@ class GroupCommitter:
         finally:
             if self._ticker is not None:
                 self._ticker.cancel()
-            if self._making_room is not None:
-                self._making_room.cancel()
-                await asyncio.gather(self._making_room, return_exceptions=True)
+            await self._readiness.close()
             if self._checkpoint_task is not None:
                 await asyncio.gather(self._checkpoint_task, return_exceptions=True)
             try:
@@ -325,7 +314,7 @@ class GroupCommitter:
             # service refuses writes meanwhile, so only a write racing the refusal
             # gets here.
             refusal = LogError(
-                f"the data directory's open is not finished: {self._disk_full or 'not yet'}"
+                f"the data directory's open is not finished: {self.disk_full or 'not yet'}"
             )
             for log, _ in batches:
                 log.fail(refusal)
@@ -338,8 +327,7 @@ class GroupCommitter:
             self._executor, _journal_and_apply, self._journal, batches
         )
         if journal_error is not None and is_disk_full(journal_error):
-            self._report_disk_full(journal_error)
-            self._make_ready()
+            self._readiness.refused(journal_error)
         if self._on_cycle is not None:
             self._on_cycle(len(batches), [seconds])
         for (log, _), error in zip(batches, errors, strict=True):
@@ -353,7 +341,7 @@ class GroupCommitter:
                 cause = error.cause if isinstance(error, PartitionFailedError) else error
                 self._partition_failed(log.partition, cause or error)
         if self._journal.spare_lsn != rolled_from:
-            self._make_ready()
+            self._readiness.make_ready()
         if (
             self._journal.bytes_written - self._journal_bytes_at_checkpoint
             >= self._checkpoint_bytes
@@ -409,95 +397,6 @@ class GroupCommitter:
             self._partition_stopped(partition, error)
         if self._on_checkpoint is not None:
             self._on_checkpoint(self._last_checkpoint - started, len(written))
-
-    # -- a full disk ---------------------------------------------------------------------
-
-    def _make_ready(self) -> None:
-        """Make the journal ready for records (the end of the open, the next segment),
-        in the checkpoint thread (handed to it now, so that it runs before anything
-        the thread gets later); on a full disk, again as room returns."""
-        if self._checkpointer is None:
-            return
-        if self._making_room is not None and not self._making_room.done():
-            self._ready_again = True  # a roll since its attempt began: once more after
-            return
-        self._ready_again = False
-        attempt = asyncio.wrap_future(self._checkpointer.submit(self._get_ready))
-        self._making_room = asyncio.get_running_loop().create_task(
-            self._until_ready(attempt), name="journal-ready"
-        )
-
-    async def _until_ready(
-        self, attempt: asyncio.Future[tuple[BaseException | None, int | None]]
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        delay = DISK_FULL_RETRY_INITIAL_S
-        # While writes are taken, a failure is tried again at once before they are
-        # refused: one that has already passed (the disk freed meanwhile) stops none.
-        confirm = self._disk_full is None
-        try:
-            while True:
-                error, free = await attempt
-                if error is None:
-                    self._report_disk_full(None)
-                    self._set_prepared()
-                    if not self._ready_again:
-                        return
-                    confirm = True
-                elif not (
-                    is_disk_full(error)
-                    or self._log.opening_unfinished
-                    or self._disk_full is not None
-                ):
-                    # Not the room: the next roll makes the segment itself, or fails the
-                    # cycle.
-                    _log.warning("journal: next segment not made ahead of need: %s", error)
-                    return
-                elif confirm:
-                    confirm = False
-                else:
-                    # No room, or the end of the open refused (by whatever error): no
-                    # record can be written until this works, so writes are refused
-                    # meanwhile (and stay so while the disk refuses, whatever it says).
-                    self._report_disk_full(error)
-                    self._set_prepared()
-                    await self._room.wait_for_more(free, delay)
-                    delay = min(delay * 2, DISK_FULL_RETRY_S)
-                self._ready_again = False
-                attempt = loop.run_in_executor(self._checkpointer, self._get_ready)
-        finally:
-            self._set_prepared()
-
-    def _set_prepared(self) -> None:
-        """The first try's outcome is reported: partitions may serve (``prepared``)."""
-        if self._prepared is not None and not self._prepared.done():
-            self._prepared.set_result(None)
-
-    def _get_ready(self) -> tuple[BaseException | None, int | None]:
-        """(In the checkpoint thread.) The error that kept the journal from being ready,
-        with the free space just after it, or (None, None)."""
-        try:
-            self._log.finish_opening()
-            self._journal.ensure_spare()
-        except OSError as exc:
-            return exc, self._room.free_bytes()
-        return None, None
-
-    def _report_disk_full(self, error: BaseException | None) -> None:
-        if (error is None) == (self._disk_full is None):
-            return
-        self._disk_full = error
-        if error is None:
-            self._room.note_room()  # what else waits for room may try now
-            _log.info("the journal has room again: writes are taken")
-        else:
-            _log.warning(
-                "the disk is full (%s): writes answer 15 until the journal has room for its "
-                "next segment; reads are served",
-                error,
-            )
-        if self._on_disk_full is not None:
-            self._on_disk_full(error)
 
     # -- waiters -----------------------------------------------------------------------
 

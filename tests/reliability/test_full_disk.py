@@ -39,7 +39,16 @@ from tests.server.daemons import Api, Daemon, metric_value, run_cli
 NUM_PARTITIONS = 4
 GROUPS = ["full-a", "full-b"]
 PARTITIONS_PER_GROUP = 6
-FLAGS = ("--journal-segment-bytes", "65536", "--segment-bytes", "4096")
+# Small segments, so that a few writes meet the full disk; a write timeout no busy
+# machine reaches, so that every 15 is the disk's (a timed-out write may still land).
+FLAGS = (
+    "--journal-segment-bytes",
+    "65536",
+    "--segment-bytes",
+    "4096",
+    "--write-timeout-ms",
+    "60000",
+)
 DEADLINE_S = 120.0  # a safety net, not a timing assertion
 FIRST_WRITE_WITHIN_S = 5.0  # the long run's promise
 

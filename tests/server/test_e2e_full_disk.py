@@ -40,7 +40,16 @@ from tests.server.daemons import (
 
 NUM_PARTITIONS = 4
 GROUP = "full"
-FLAGS = ("--journal-segment-bytes", "65536", "--segment-bytes", "4096")
+# Small segments, so that a few writes meet the full disk; a write timeout no busy
+# machine reaches, so that every 15 is the disk's (a timed-out write may still land).
+FLAGS = (
+    "--journal-segment-bytes",
+    "65536",
+    "--segment-bytes",
+    "4096",
+    "--write-timeout-ms",
+    "60000",
+)
 DEADLINE_S = 120.0  # a safety net, not a timing assertion
 
 
