@@ -92,11 +92,19 @@ class ShareStateMap:
     def get(self, key: ShareKey) -> KeyState | None:
         return self.keys.get(key)
 
-    def replay(self, offset: int, record: Record, key_bytes: bytes | None = None) -> None:
+    def replay(
+        self,
+        offset: int,
+        record: Record,
+        key_bytes: bytes | None = None,
+        merged: tuple[list[StateBatch], bool] | None = None,
+    ) -> None:
         """Apply one record read from (or just appended to) the log at ``offset``;
-        ``key_bytes`` is its key as the log holds it, when the caller has it."""
+        ``key_bytes`` is its key as the log holds it, when the caller has it. ``merged``:
+        an update's batches already merged into the key's state, as ``merged_update``
+        gave them for the state the key still has."""
         if isinstance(record, ShareUpdate):
-            self._replay_update(record, key_bytes)
+            self._replay_update(record, key_bytes, merged)
         elif isinstance(record, ShareSnapshot):
             self._replay_snapshot(offset, record, key_bytes)
         elif isinstance(record, ShareTombstone):
@@ -143,7 +151,27 @@ class ShareStateMap:
         entry.snapshot_offset = offset
         self._tombstone_offset = None
 
-    def _replay_update(self, record: ShareUpdate, key_bytes: bytes | None) -> None:
+    def merged_update(self, record: ShareUpdate) -> tuple[list[StateBatch], bool] | None:
+        """The batches (and their clean flag) that replaying ``record`` would give its
+        key, worked out without changing anything: the merge is all the cost of an
+        update, so the daemon does it off the event loop for a long one and hands the
+        result to ``replay``. None when the key has no state yet."""
+        entry = self.keys.get(record.key)
+        if entry is None:
+            return None
+        old = entry.state
+        start = old.start_offset if record.start_offset == -1 else record.start_offset
+        clean = entry.batches_clean
+        if clean is None:
+            clean = is_clean(old.state_batches)
+        return merge_batches(old.state_batches, clean, record.state_batches, start)
+
+    def _replay_update(
+        self,
+        record: ShareUpdate,
+        key_bytes: bytes | None,
+        merged: tuple[list[StateBatch], bool] | None = None,
+    ) -> None:
         entry = self.keys.get(record.key)
         if entry is None:
             # Not reachable through the RPCs (they require Initialize), but a log may hold it.
@@ -164,12 +192,12 @@ class ShareStateMap:
         entry.leader_fence = max(entry.leader_fence, record.leader_epoch)
         old = entry.state
         start = old.start_offset if record.start_offset == -1 else record.start_offset
-        clean = entry.batches_clean
-        if clean is None:
-            clean = is_clean(old.state_batches)
-        batches, entry.batches_clean = merge_batches(
-            old.state_batches, clean, record.state_batches, start
-        )
+        if merged is None:
+            clean = entry.batches_clean
+            if clean is None:
+                clean = is_clean(old.state_batches)
+            merged = merge_batches(old.state_batches, clean, record.state_batches, start)
+        batches, entry.batches_clean = merged
         entry.state = ShareGroupOffset(
             old.snapshot_epoch,
             old.state_epoch,

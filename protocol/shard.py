@@ -96,8 +96,19 @@ class ShareCoordinatorShard:
 
     # --- replay -----------------------------------------------------------------------
 
-    def replay(self, offset: int, record: Record, key_bytes: bytes | None = None) -> None:
-        self._state.replay(offset, record, key_bytes)
+    def replay(
+        self,
+        offset: int,
+        record: Record,
+        key_bytes: bytes | None = None,
+        merged: tuple[list[StateBatch], bool] | None = None,
+    ) -> None:
+        self._state.replay(offset, record, key_bytes, merged)
+
+    def merged_update(self, record: ShareUpdate) -> tuple[list[StateBatch], bool] | None:
+        """What replaying ``record`` would make of its key's batches (see
+        ``ShareStateMap.merged_update``); changes nothing."""
+        return self._state.merged_update(record)
 
     def last_redundant_offset(self) -> int | None:
         return self._state.last_redundant_offset()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
@@ -53,6 +54,7 @@ from server.config import ServeConfig
 from server.connection import ServerHandler
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import CounterChild, ShareCoordinatorMetrics
+from server.offload import OFFLOAD_BODY_BYTES, Offload
 from server.routes import Answer, Param, Route
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
@@ -77,6 +79,7 @@ class Coordinator:
     service: CoordinatorService | None = None
     log: StateLog | None = None
     started_at: float = field(default_factory=time.monotonic)
+    offload: Offload = field(default_factory=Offload)
 
     @property
     def limits(self) -> codec.Limits:
@@ -404,7 +407,12 @@ def _rpc_handler(
             refused.inc()
             raise
         try:
-            decoded = codec.decode_request(rpc, body, fmt, limits)
+            if len(body) > OFFLOAD_BODY_BYTES:
+                decoded = await coordinator.offload(
+                    functools.partial(codec.decode_request, rpc, body, fmt, limits)
+                )
+            else:
+                decoded = codec.decode_request(rpc, body, fmt, limits)
         except BodyError as exc:
             refused.inc()
             return error_response(400, errors.INVALID_REQUEST, str(exc), out)
@@ -613,6 +621,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 metadata=catalog if config.topic_catalog else None,
                 metrics=metrics,
                 exclusive=committer.run_exclusive,
+                offload=coordinator.offload,
             )
             _track(metrics, runtimes[partition])
         metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))
@@ -655,6 +664,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
             await service.stop_jobs()
             for runtime in runtimes.values():
                 await runtime.close()
+            await asyncio.to_thread(coordinator.offload.close)
             await committer.close()
     finally:
         await asyncio.to_thread(log.close)

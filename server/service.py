@@ -43,7 +43,7 @@ from protocol.messages import (
     TopicResult,
     error_result,
 )
-from protocol.records import ShareKey
+from protocol.records import Record, ShareKey
 from protocol.routing import partition_for, partition_for_prefix, prefix_hash
 from protocol.shard import ShareCoordinatorShard
 from server.catalog import TopicCatalog
@@ -51,6 +51,9 @@ from server.cluster import ClusterMap, find_coordinator
 from server.runtime import PartitionRuntime, Status
 
 _log = logging.getLogger("sharecoord.service")
+
+# How long a request runs its entries before it lets the event loop serve others.
+SLICE_S = 0.002
 
 
 class _NoPruning(HistoryIndex):
@@ -124,10 +127,37 @@ class CoordinatorService:
     # --- the five RPCs ----------------------------------------------------------------
 
     async def handle(
-        self, rpc: Rpc, request: ShareGroupStateRequest[Any]
+        self,
+        rpc: Rpc,
+        request: ShareGroupStateRequest[Any],
+        in_order: InOrder | None = None,
     ) -> ShareGroupStateResponse[Any]:
         """Run every entry of a decoded request (``protocol.codec.prepare_request`` has
-        been over it) and answer once what the answer shows is durable."""
+        been over it) and answer once what the answer shows is durable.
+
+        A request never holds the event loop for long: it lets others run every
+        ``SLICE_S`` of its own work, and a long entry runs on the offload thread
+        (``PartitionRuntime.execute_offloaded``). Requests that share an ``in_order``
+        (those of one Kafka connection) run their entries in the order they came even
+        so; they wait for durability together as before."""
+        if in_order is None:
+            return await self._handle(rpc, request)
+        before, in_order.last = in_order.last, asyncio.get_running_loop().create_future()
+        executed = in_order.last
+        try:
+            if before is not None and not before.done():
+                await before
+            return await self._handle(rpc, request, executed)
+        finally:
+            if not executed.done():
+                executed.set_result(None)
+
+    async def _handle(
+        self,
+        rpc: Rpc,
+        request: ShareGroupStateRequest[Any],
+        executed: asyncio.Future[None] | None = None,
+    ) -> ShareGroupStateResponse[Any]:
         group_id = request.group_id
         num_partitions = self.num_partitions
         runtimes = self.runtimes
@@ -141,12 +171,17 @@ class CoordinatorService:
         failures: dict[int, int] = {}  # error code -> entries (successes are counted last)
         entries = 0
         touched_here = False
+        clock = time.perf_counter
+        yield_at = clock() + SLICE_S
         for topic in request.topics:
             out: list[AnyPartitionResult] = []
             results.append(TopicResult(topic.topic_id, out))
             key_topic_id = topic.key_topic_id
             prefix = prefix_hash(group_id, key_topic_id)
             for entry in topic.partitions:
+                if clock() >= yield_at:
+                    await asyncio.sleep(0)
+                    yield_at = clock() + SLICE_S
                 entries += 1
                 partition = entry.partition
                 if entry.invalid is not None:
@@ -159,16 +194,18 @@ class CoordinatorService:
                     code = errors.NOT_COORDINATOR
                 elif runtime.status is not Status.ACTIVE:
                     touched_here = True
-                    code = (
-                        errors.COORDINATOR_LOAD_IN_PROGRESS
-                        if runtime.status is Status.LOADING
-                        else errors.COORDINATOR_NOT_AVAILABLE
-                    )
+                    code = _inactive_code(runtime)
                 else:
                     touched_here = True
                     key = ShareKey(group_id, key_topic_id, partition)
                     try:
-                        result = runtime.execute(rpc, key, entry)
+                        if runtime.held or runtime.is_long(rpc, key, entry):
+                            result = await _execute_in_turn(runtime, rpc, key, entry)
+                            yield_at = clock() + SLICE_S
+                        else:
+                            result = runtime.execute(rpc, key, entry)
+                    except _Inactive as exc:
+                        code = exc.code
                     except PartitionFailedError:
                         # Its last commit failed a moment ago and the runtime has not
                         # heard yet (it will, and reload): unavailable, and no bug.
@@ -188,6 +225,8 @@ class CoordinatorService:
                 failures[code] = failures.get(code, 0) + 1
         if touched_here and self._track_touches:
             self._group_touched[group_id] = self._monotonic()
+        if executed is not None:
+            executed.set_result(None)
         if placed:
             short = await self._durable_ends(placed)
             for state_partition, durable_end in short.items():
@@ -332,7 +371,7 @@ class CoordinatorService:
         failed = []
         for state_partition, runtime in self.runtimes.items():
             try:
-                deleted += runtime.run_job(lambda shard: shard.delete_topics(topic_ids))
+                deleted += await _run_job(runtime, lambda shard: shard.delete_topics(topic_ids))
             except PartitionFailedError:
                 failed.append(state_partition)
         failed += await self._wait_durable(list(self.runtimes))
@@ -537,7 +576,7 @@ class CoordinatorService:
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
                 try:
-                    count = runtime.run_job(ShareCoordinatorShard.cold_snapshots)
+                    count = await _run_job(runtime, ShareCoordinatorShard.cold_snapshots)
                 except PartitionFailedError:
                     continue  # its commit just failed; the next pass after the reload
                 if count:
@@ -577,7 +616,7 @@ class CoordinatorService:
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
                 try:
-                    count = runtime.run_job(lambda shard: shard.expire_groups(expired))
+                    count = await _run_job(runtime, lambda shard: shard.expire_groups(expired))
                 except PartitionFailedError:
                     continue  # its commit just failed; a later pass expires the rest
                 if count:
@@ -628,6 +667,60 @@ class _Deadlines:
         while True:
             await asyncio.sleep(self.sweep_every_s)
             self.sweep()
+
+
+class InOrder:
+    """The requests of one connection, run in the order they came: ``handle`` makes a
+    request wait until the previous one has run its entries (the durability wait can
+    overlap). Kafka answers a connection's requests in order and runs them in order."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last: asyncio.Future[None] | None = None
+
+
+class _Inactive(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _inactive_code(runtime: PartitionRuntime) -> int:
+    if runtime.status is Status.LOADING:
+        return errors.COORDINATOR_LOAD_IN_PROGRESS
+    return errors.COORDINATOR_NOT_AVAILABLE
+
+
+async def _execute_in_turn(
+    runtime: PartitionRuntime, rpc: Rpc, key: ShareKey, entry: Any
+) -> AnyPartitionResult:
+    """One entry on a partition that is taken, or that this entry takes for long work:
+    after everyone before it, off the loop when it is long."""
+    await runtime.turn()
+    try:
+        if runtime.status is not Status.ACTIVE:
+            raise _Inactive(_inactive_code(runtime))
+        if runtime.is_long(rpc, key, entry):
+            return await runtime.execute_offloaded(rpc, key, entry)
+        return runtime.execute(rpc, key, entry)
+    finally:
+        runtime.release()
+
+
+async def _run_job(
+    runtime: PartitionRuntime, job: Callable[[ShareCoordinatorShard], list[Record]]
+) -> int:
+    """A maintenance job on a partition, in its turn if the partition is taken (an
+    offloaded write must not find its key changed under it)."""
+    if not runtime.held:
+        return runtime.run_job(job)
+    await runtime.turn()
+    try:
+        if runtime.status is not Status.ACTIVE:  # it failed while the job waited
+            raise PartitionFailedError(runtime.partition, None)
+        return runtime.run_job(job)
+    finally:
+        runtime.release()
 
 
 def _unavailable(rpc: Rpc, partition: int, code: int) -> AnyPartitionResult:
