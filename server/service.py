@@ -376,34 +376,42 @@ class CoordinatorService:
         return deleted
 
     async def _finish_deletions(self, topic_ids: frozenset[str]) -> int:
-        """Tombstone every share-partition of these topics (being deleted, so none can get
-        state any more), wait until the tombstones are durable, then end the deletions."""
-        topics = ", ".join(sorted(topic_ids))
-        unfinished = (
-            f"topic {topics} is unregistered (its RPCs answer 3) and its deletion finishes "
-            "once every state partition is active: by itself, or by deleting it again"
-        )
-        for runtime in self.runtimes.values():
-            try:
-                _require_active(runtime)
-            except ServiceError as exc:
-                raise ServiceError(exc.code, f"{exc.message}; {unfinished}") from None
+        """Tombstone every share-partition of these topics on the active state partitions
+        (the topics are being deleted: no share-partition of theirs can get state any
+        more), wait until the tombstones are durable, and end the deletions if every state
+        partition got there. Returns how many share-partitions were tombstoned; raises
+        ServiceError (14, 15) naming the partitions that did not."""
         deleted = 0
-        failed = []
+        swept: list[int] = []
+        failed: list[int] = []
+        loading: list[int] = []
         for state_partition, runtime in self.runtimes.items():
-            try:
-                deleted += runtime.run_job(lambda shard: shard.delete_topics(topic_ids))
-            except PartitionFailedError:
-                failed.append(state_partition)
-        failed += await self._wait_durable(list(self.runtimes))
+            if runtime.status is Status.ACTIVE:
+                try:
+                    deleted += runtime.run_job(lambda shard: shard.delete_topics(topic_ids))
+                except PartitionFailedError:
+                    failed.append(state_partition)
+                else:
+                    swept.append(state_partition)
+            else:
+                (loading if runtime.status is Status.LOADING else failed).append(state_partition)
+        failed += await self._wait_durable(swept)
+        if not failed and not loading:
+            await _catalog_write(self.catalog.end_deletions(topic_ids))
+            return deleted
         if failed:
-            raise ServiceError(
-                errors.COORDINATOR_NOT_AVAILABLE,
-                f"state partitions {sorted(failed)} could not make the tombstones durable; "
-                f"{unfinished}",
-            )
-        await _catalog_write(self.catalog.end_deletions(topic_ids))
-        return deleted
+            code = errors.COORDINATOR_NOT_AVAILABLE
+            problem = f"state partitions {sorted(failed)} are not available or could not make "
+            problem += "the tombstones durable"
+        else:
+            code = errors.COORDINATOR_LOAD_IN_PROGRESS
+            problem = f"state partitions {sorted(loading)} are still loading"
+        raise ServiceError(
+            code,
+            f"{problem}; topic {', '.join(sorted(topic_ids))} is unregistered (its RPCs "
+            "answer 3) and its deletion finishes once every state partition is active: on "
+            "its own, or by deleting the topic again",
+        )
 
     def _all_active(self) -> bool:
         return all(r.status is Status.ACTIVE for r in self.runtimes.values())
