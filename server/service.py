@@ -365,9 +365,8 @@ class CoordinatorService:
                 return 0
             try:
                 deleted = await self._finish_deletions(topic_ids)
-            except ServiceError as exc:
-                _log.warning("unfinished topic deletion: %s", exc.message)
-                return 0
+            except ServiceError:
+                return 0  # said in the log; tried again a second from now
         _log.info(
             "finished deleting topic(s) %s: %d share-partitions tombstoned",
             ", ".join(sorted(topic_ids)),
@@ -399,19 +398,22 @@ class CoordinatorService:
         if not failed and not loading:
             await _catalog_write(self.catalog.end_deletions(topic_ids))
             return deleted
+        problems = []
         if failed:
-            code = errors.COORDINATOR_NOT_AVAILABLE
-            problem = f"state partitions {sorted(failed)} are not available or could not make "
-            problem += "the tombstones durable"
-        else:
-            code = errors.COORDINATOR_LOAD_IN_PROGRESS
-            problem = f"state partitions {sorted(loading)} are still loading"
-        raise ServiceError(
-            code,
-            f"{problem}; topic {', '.join(sorted(topic_ids))} is unregistered (its RPCs "
-            "answer 3) and its deletion finishes once every state partition is active: on "
-            "its own, or by deleting the topic again",
+            problems.append(
+                f"state partitions {sorted(failed)} are not available or could not make the "
+                "tombstones durable"
+            )
+        if loading:
+            problems.append(f"state partitions {sorted(loading)} are still loading")
+        code = errors.COORDINATOR_NOT_AVAILABLE if failed else errors.COORDINATOR_LOAD_IN_PROGRESS
+        message = (
+            f"{'; '.join(problems)}; topic {', '.join(sorted(topic_ids))} is unregistered "
+            "(its RPCs answer 3) and its deletion finishes once every state partition is "
+            "active: on its own, or by deleting the topic again"
         )
+        _log.warning("unfinished topic deletion: %s", message)
+        raise ServiceError(code, message)
 
     def _all_active(self) -> bool:
         return all(r.status is Status.ACTIVE for r in self.runtimes.values())

@@ -1,4 +1,4 @@
-"""The topic catalog file (server/catalog.py; docs/operations.md#the-data-directory):
+"""The topic catalog file (server/catalog.py; docs/operations.md#deleting-a-topic):
 format 1, with the topics being deleted in an optional ``deleting`` list."""
 
 from __future__ import annotations
