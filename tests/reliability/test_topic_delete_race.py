@@ -164,6 +164,7 @@ async def delete_under_writers(
     daemon = await spawn(data_dir, "--topic-catalog")
     problems: list[str] = []
     delete_ms: list[float] = []
+    left_per_run: list[int] = []
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, "msgpack")
         assert (await api.register_topic(TOPIC, TOPIC_PARTITIONS)).status == 200
@@ -194,8 +195,10 @@ async def delete_under_writers(
             figures.add("share_partitions_tombstoned", reply.body["deleted_share_partitions"])
             figures.add("rpcs_after_the_200_not_refused", len(race.wrong_after))
             figures.add("keys_with_state_after_the_200", len(left))
+            left_per_run.append(len(left))
             figures.add("old_states_after_registering_again", len(old))
     figures.set("writers", writers)
+    figures.set("keys_with_state_after_the_200_per_run", left_per_run)
     figures.set("delete_ms_max", round(max(delete_ms), 1))
     assert not problems, "\n".join(problems[:40]) + f"\n({len(problems)} in all)"
 

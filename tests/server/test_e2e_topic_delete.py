@@ -12,7 +12,8 @@ tombstones are durable the mark goes.
 * With a state partition failed, the DELETE answers 503 and the topic is unregistered
   at once; the active partitions are tombstoned, the failed one's state stays out of
   reach (15), registering the topic again is refused, and once the partition is back
-  the daemon finishes the deletion on its own.
+  the deletion is finished: by the daemon on its own, by registering the topic again
+  (which then starts from nothing) or by deleting it again.
 """
 
 from __future__ import annotations
@@ -65,20 +66,28 @@ async def register_and_write(api: Api, keys: list[int]) -> None:
     assert set(await api.codes("write", body(GROUP, (TOPIC, writes)))) == {0}
 
 
+INITIALIZES = body(GROUP, (TOPIC, [init_entry(k, 1, 0) for k in EVERY_KEY]))
+READS = body(GROUP, (TOPIC, [read_entry(k, 2) for k in EVERY_KEY]))
+
+
 async def expect_deleted(api: Api) -> None:
     """No key of the topic has state, its RPCs are refused, a second delete finds
     nothing; registered again, every key starts from nothing."""
     for key in EVERY_KEY:
         assert await api.state(GROUP, TOPIC, key) is None, key
-    initializes = body(GROUP, (TOPIC, [init_entry(k, 1, 0) for k in EVERY_KEY]))
-    assert set(await api.codes("initialize", initializes)) == {errors.UNKNOWN_TOPIC_OR_PARTITION}
-    reads = body(GROUP, (TOPIC, [read_entry(k, 2) for k in EVERY_KEY]))
-    assert set(await api.codes("read", reads)) == {errors.INVALID_REQUEST}  # uninitialized
+    assert set(await api.codes("initialize", INITIALIZES)) == {errors.UNKNOWN_TOPIC_OR_PARTITION}
+    assert set(await api.codes("read", READS)) == {errors.INVALID_REQUEST}  # uninitialized
     reply = await api.delete_topic(TOPIC)
     assert (reply.status, reply.body["error_code"]) == (404, errors.UNKNOWN_TOPIC_OR_PARTITION)
     assert (await api.register_topic(TOPIC, TOPIC_PARTITIONS)).status == 200
-    assert set(await api.codes("read", reads)) == {errors.INVALID_REQUEST}
-    assert set(await api.codes("initialize", initializes)) == {errors.NONE}
+    await expect_fresh(api)
+
+
+async def expect_fresh(api: Api) -> None:
+    """The topic is registered and no key of it has old state: reads answer
+    "uninitialized", and an initialize starts from nothing."""
+    assert set(await api.codes("read", READS)) == {errors.INVALID_REQUEST}
+    assert set(await api.codes("initialize", INITIALIZES)) == {errors.NONE}
     for key in EVERY_KEY:
         state = await api.state(GROUP, TOPIC, key)
         assert state is not None
@@ -137,7 +146,10 @@ async def test_a_crash_at_each_step_of_a_delete_leaves_it_undone_or_finished(
         await expect_deleted(api)
 
 
-async def test_a_delete_with_a_failed_partition_is_finished_once_it_is_back(spawn, tmp_path):
+@pytest.mark.parametrize("finished", ["on its own", "by registering again", "by deleting again"])
+async def test_a_delete_with_a_failed_partition_is_finished_once_it_is_back(
+    spawn, tmp_path, finished
+):
     control = tmp_path / "failpoints.json"
     env = {"SHARECOORD_FAILPOINTS": str(control)}
     # A checkpoint after every commit, so the partition's fsync fault shows at once.
@@ -180,10 +192,23 @@ async def test_a_delete_with_a_failed_partition_is_finished_once_it_is_back(spaw
 
         await clear(control)
         deadline = time.monotonic() + DEADLINE_S
-        while (await api.admin_state(GROUP, TOPIC, KEYS[FAULTY][0])).status != 404:
-            assert time.monotonic() < deadline, "the deletion was not finished"
-            await asyncio.sleep(0.05)
-        await expect_deleted(api)
+        if finished == "on its own":
+            while (await api.admin_state(GROUP, TOPIC, KEYS[FAULTY][0])).status != 404:
+                assert time.monotonic() < deadline, "the deletion was not finished"
+                await asyncio.sleep(0.05)
+            await expect_deleted(api)
+        elif finished == "by registering again":
+            # Refused (503) until the partition is back; then it deletes, and registers.
+            while (await api.register_topic(TOPIC, TOPIC_PARTITIONS)).status != 200:
+                assert time.monotonic() < deadline, "the topic could not be registered again"
+                await asyncio.sleep(0.05)
+            await expect_fresh(api)
+        else:
+            # 503 until the partition is back; 404 if the daemon finished it first.
+            while (await api.delete_topic(TOPIC)).status not in (200, 404):
+                assert time.monotonic() < deadline, "the deletion was not finished"
+                await asyncio.sleep(0.05)
+            await expect_deleted(api)
 
 
 async def wait_until_failed(api: Api) -> None:
