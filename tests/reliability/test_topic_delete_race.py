@@ -141,10 +141,10 @@ async def keys_with_state(api: Api) -> list[str]:
 
 async def old_states_after_registering_again(api: Api) -> list[str]:
     """Register the topic again: no key may have state, and an initialize of every key
-    must start from nothing."""
+    must start from nothing. The keys that showed old state, each with how."""
     reply = await api.register_topic(TOPIC, TOPIC_PARTITIONS)
     assert reply.status == 200, reply.body
-    old = await keys_with_state(api)
+    old = {line.partition(":")[0]: line for line in await keys_with_state(api)}
     for group in GROUPS:
         entries = [init_entry(p, 0, 0) for p in range(TOPIC_PARTITIONS)]
         assert set(await api.codes("initialize", body(group, (TOPIC, entries)))) == {0}
@@ -153,8 +153,8 @@ async def old_states_after_registering_again(api: Api) -> list[str]:
         assert state is not None
         fresh = (state["snapshot_epoch"], state["fencing"]["leader_epoch"], state["state_batches"])
         if fresh != (0, 0, []):
-            old.append(f"{group}/{partition}: initialized on old state {state}")
-    return old
+            old.setdefault(f"{group}/{partition}", f"initialized on old state {state}")
+    return list(old.values())
 
 
 async def delete_under_writers(
