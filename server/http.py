@@ -499,7 +499,11 @@ async def handle_register_topic(request: web.Request) -> web.StreamResponse:
         _, topic_id, partition_count = codec.decode_topic_registration(body, fmt)
     except BodyError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), out)
-    await request.app[COORDINATOR].require_service().register_topic(topic_id, partition_count)
+    service = request.app[COORDINATOR].require_service()
+    try:
+        await service.register_topic(topic_id, partition_count)
+    except ServiceError as exc:
+        return _service_error(exc, out)
     return _respond(codec.encode(Acknowledged(0), out), out)
 
 
@@ -588,7 +592,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     coordinator.log = log
     try:
-        catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir)
+        catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir, coordinator.fs)
         owned = sorted(coordinator.cluster.owned_by(config.node_id))
         shard_config = ShardConfig(
             records_per_snapshot=config.snapshot_update_records_per_snapshot,
@@ -645,7 +649,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         )
         coordinator.service = service
         committer.start()
-        loading = asyncio.get_running_loop().create_task(_load_all(runtimes), name="load")
+        loading = asyncio.get_running_loop().create_task(_load_all(runtimes, service), name="load")
         service.start_jobs()
         _log.info(
             "serving state partitions %s of %d from %s",
@@ -710,7 +714,7 @@ def _track(metrics: ShareCoordinatorMetrics, runtime: PartitionRuntime) -> None:
     )
 
 
-async def _load_all(runtimes: dict[int, PartitionRuntime]) -> None:
+async def _load_all(runtimes: dict[int, PartitionRuntime], service: CoordinatorService) -> None:
     started = time.perf_counter()
     gate = asyncio.Semaphore(LOAD_CONCURRENCY)
 
@@ -726,6 +730,7 @@ async def _load_all(runtimes: dict[int, PartitionRuntime]) -> None:
         time.perf_counter() - started,
         f"; failed: {failed} (they answer 15, the rest serve)" if failed else "",
     )
+    await service.after_load()
 
 
 def direct_rpc_handler(app: web.Application, through_app: ServerHandler) -> ServerHandler:
@@ -826,6 +831,7 @@ ROUTES: tuple[Route, ...] = (
         "(docs/semantics.md §A).",
         body=TopicRegistration,
         answers=(Answer(200, "Registered.", Acknowledged),),
+        refusals=(503,),
     ),
     Route(
         "DELETE",

@@ -68,6 +68,9 @@ class _NoPruning(HistoryIndex):
 
 _KEEP_EVERYTHING = _NoPruning()
 
+# How often an unfinished topic deletion is tried again (nothing is done while none is).
+UNFINISHED_DELETIONS_CHECK_MS = 1000
+
 
 class ServiceError(Exception):
     """An admin operation that cannot be done now; carries the Kafka code."""
@@ -123,6 +126,10 @@ class CoordinatorService:
         self._last_pruned: dict[int, int] = {}
         self._held_at: dict[int, str] = {}  # the segment pruning last waited for
         self._jobs: list[asyncio.Task[None]] = []
+        # Topic registrations and deletions, one at a time (each may wait for a commit).
+        self._topic_changes = asyncio.Lock()
+        # Not ready before loading ended and the deletions a stop left were finished.
+        self._settling = True
 
     # --- the five RPCs ----------------------------------------------------------------
 
@@ -353,36 +360,104 @@ class CoordinatorService:
                 )
         return state
 
+    # --- the topic catalog ---------------------------------------------------------------
+
     async def register_topic(self, topic_id: str, partition_count: int) -> None:
-        await self.catalog.register(topic_id, partition_count)
+        """Register the topic or change its count. A topic whose deletion has not finished
+        is deleted first, so that it starts from nothing (ServiceError if that cannot
+        be done now)."""
+        async with self._topic_changes:
+            if topic_id in self.catalog.deleting():
+                await self._finish_deletions(frozenset({topic_id}))
+            await _catalog_write(self.catalog.register(topic_id, partition_count))
 
     async def delete_topic(self, topic_id: str) -> int:
-        """Tombstone every share-partition of the topic on this node, durably, then drop
-        it from the catalog (Kafka's onTopicsDeleted). A crash in between leaves the
-        topic registered; deleting it again finishes the job."""
-        if topic_id not in self.catalog:
-            raise ServiceError(
-                errors.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic_id} is not in the topic catalog"
-            )
-        for runtime in self.runtimes.values():
-            _require_active(runtime)
-        deleted = 0
-        topic_ids = frozenset({topic_id})
-        failed = []
-        for state_partition, runtime in self.runtimes.items():
+        """Kafka's order: the topic leaves the catalog first, durably, so every RPC for it
+        answers 3 from then on; then every share-partition of it on this node gets a
+        tombstone (Kafka's onTopicsDeleted), and once they are durable the deletion is
+        done. An RPC that raced the delete was therefore either run before the
+        tombstones or refused. Returns how many share-partitions this call tombstoned.
+
+        Raises ServiceError (14, 15) when a state partition is not active or the
+        tombstones could not be made durable: the topic stays unregistered, and its
+        deletion is finished by a later attempt (this call again, or the daemon on its
+        own once every state partition is active, at start too)."""
+        async with self._topic_changes:
+            if topic_id in self.catalog:
+                await _catalog_write(self.catalog.begin_deletion(topic_id))
+            elif topic_id not in self.catalog.deleting():
+                raise ServiceError(
+                    errors.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {topic_id} is not in the topic catalog",
+                )
+            return await self._finish_deletions(frozenset({topic_id}))
+
+    async def finish_deletions_once(self) -> int:
+        """Finish every unfinished topic deletion, once every state partition is active
+        (after loading, and then periodically); returns how many share-partitions it
+        tombstoned."""
+        if not self.catalog.deleting() or not self._all_active():
+            return 0
+        async with self._topic_changes:
+            topic_ids = self.catalog.deleting()
+            if not topic_ids:
+                return 0
             try:
-                deleted += await _run_job(runtime, lambda shard: shard.delete_topics(topic_ids))
-            except PartitionFailedError:
-                failed.append(state_partition)
-        failed += await self._wait_durable(list(self.runtimes))
-        if failed:
-            raise ServiceError(
-                errors.COORDINATOR_NOT_AVAILABLE,
-                f"state partitions {sorted(failed)} could not make the tombstones durable; "
-                "the topic stays registered, delete it again",
-            )
-        await self.catalog.remove(topic_id)
+                deleted = await self._finish_deletions(topic_ids)
+            except ServiceError:
+                return 0  # said in the log; tried again a second from now
+        _log.info(
+            "finished deleting topic(s) %s: %d share-partitions tombstoned",
+            ", ".join(sorted(topic_ids)),
+            deleted,
+        )
         return deleted
+
+    async def _finish_deletions(self, topic_ids: frozenset[str]) -> int:
+        """Tombstone every share-partition of these topics on the active state partitions
+        (the topics are being deleted: no share-partition of theirs can get state any
+        more), wait until the tombstones are durable, and end the deletions if every state
+        partition got there. Returns how many share-partitions were tombstoned; raises
+        ServiceError (14, 15) naming the partitions that did not."""
+        deleted = 0
+        swept: list[int] = []
+        failed: list[int] = []
+        loading: list[int] = []
+        for state_partition, runtime in self.runtimes.items():
+            if runtime.status is Status.ACTIVE:
+                try:
+                    deleted += await _run_job(runtime, lambda shard: shard.delete_topics(topic_ids))
+                except PartitionFailedError:
+                    failed.append(state_partition)
+                else:
+                    swept.append(state_partition)
+            else:
+                (loading if runtime.status is Status.LOADING else failed).append(state_partition)
+        failed += await self._wait_durable(swept)
+        if not failed and not loading:
+            await _catalog_write(self.catalog.end_deletions(topic_ids))
+            return deleted
+        problems = []
+        if failed:
+            problems.append(
+                f"state partitions {sorted(failed)} are not available or could not make the "
+                "tombstones durable"
+            )
+        if loading:
+            problems.append(f"state partitions {sorted(loading)} are still loading")
+        code = errors.COORDINATOR_NOT_AVAILABLE if failed else errors.COORDINATOR_LOAD_IN_PROGRESS
+        message = (
+            f"{'; '.join(problems)}; topic {', '.join(sorted(topic_ids))} is unregistered "
+            "(its RPCs answer 3) and its deletion finishes once every state partition is "
+            "active: on its own, or by deleting the topic again"
+        )
+        _log.warning("unfinished topic deletion: %s", message)
+        raise ServiceError(code, message)
+
+    def _all_active(self) -> bool:
+        return all(r.status is Status.ACTIVE for r in self.runtimes.values())
+
+    # --- compaction and status ----------------------------------------------------------
 
     async def commit_compaction(self) -> tuple[list[str], list[str]]:
         """Commit every staged compaction output of the partitions this node serves
@@ -430,8 +505,16 @@ class CoordinatorService:
             )
         return out
 
+    async def after_load(self) -> None:
+        """Once loading ended: finish the topic deletions a stop left unfinished, then
+        stop counting as loading."""
+        try:
+            await self.finish_deletions_once()
+        finally:
+            self._settling = False
+
     def loading(self) -> bool:
-        return any(r.status is Status.LOADING for r in self.runtimes.values())
+        return self._settling or any(r.status is Status.LOADING for r in self.runtimes.values())
 
     def failed_partitions(self) -> list[int]:
         return sorted(p for p, r in self.runtimes.items() if r.status is Status.FAILED)
@@ -457,6 +540,12 @@ class CoordinatorService:
         ]
         self._jobs.append(
             asyncio.get_running_loop().create_task(self._deadlines.run(), name="write-timeouts")
+        )
+        # A deletion left unfinished by a partition that was not active finishes once it is.
+        self._jobs.append(
+            self._every(
+                UNFINISHED_DELETIONS_CHECK_MS, self.finish_deletions_once, "topic-deletions"
+            )
         )
         if intervals.state_retention_ms > 0:
             # Look often enough that a group expires within a tenth of its retention.
@@ -743,3 +832,13 @@ def _require_active(runtime: PartitionRuntime) -> None:
             errors.COORDINATOR_NOT_AVAILABLE,
             f"state partition {runtime.partition} is not available: {runtime.error}",
         )
+
+
+async def _catalog_write(change: Awaitable[None]) -> None:
+    """Run a change of the topic catalog; a disk that refuses it is 15, one line."""
+    try:
+        await change
+    except OSError as exc:
+        raise ServiceError(
+            errors.COORDINATOR_NOT_AVAILABLE, f"cannot write the topic catalog: {exc}"
+        ) from None

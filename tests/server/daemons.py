@@ -418,6 +418,21 @@ class Api:
             headers=headers,
         )
 
+    async def register_topic(self, topic_id: str, partition_count: int) -> Reply:
+        """``PUT /v1/admin/topics`` in this client's format."""
+        return await self.request(
+            "PUT",
+            "/v1/admin/topics",
+            data=encode({"topic_id": topic_id, "partition_count": partition_count}, self.fmt),
+            headers={"Content-Type": MEDIA[self.fmt]},
+        )
+
+    async def delete_topic(self, topic_id: str) -> Reply:
+        """``DELETE /v1/admin/topics/{topic_id}``, answered in this client's format."""
+        return await self.request(
+            "DELETE", f"/v1/admin/topics/{topic_id}", headers={"Accept": MEDIA[self.fmt]}
+        )
+
     async def state(self, group_id: str, topic_id: str, partition: int) -> dict[str, Any] | None:
         """The admin state of a key, or None on 404 (code 3)."""
         reply = await self.admin_state(group_id, topic_id, partition)
