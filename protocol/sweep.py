@@ -51,9 +51,7 @@ grouped: ordinary input never pays for the groups.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable
-
-from sortedcontainers import SortedList
+from bisect import bisect_left, insort
 
 # (first_offset, last_offset, delivery_count, delivery_state): Kafka's set order.
 Entry = tuple[int, int, int, int]
@@ -117,45 +115,114 @@ def sweep_plain(entries: list[Entry], budget: int | None = None) -> tuple[list[E
 
 
 class _Group:
-    """The pending batches that start at one offset: (last, count, state) in set order,
-    and their infos, whose maximum says whether a front outranks the whole group."""
+    """The pending batches that start at one offset, and their infos (the maximum says
+    whether a front outranks the whole group). Plain lists kept sorted, the head at the
+    end so that taking it and dropping a run of them are O(1): ``tails`` holds
+    ``(-last, -count, -state)`` ascending, that is the batches in set order backwards;
+    ``infos`` holds ``(count, state)`` ascending."""
 
     __slots__ = ("infos", "tails")
 
     def __init__(self) -> None:
-        self.tails: SortedList[tuple[int, int, int]] = SortedList()
-        self.infos: SortedList[tuple[int, int]] = SortedList()
+        self.tails: list[tuple[int, int, int]] = []
+        self.infos: list[tuple[int, int]] = []
 
     def add(self, last: int, count: int, state: int) -> None:
-        self.tails.add((last, count, state))
-        self.infos.add((count, state))
+        insort(self.tails, (-last, -count, -state))
+        insort(self.infos, (count, state))
+
+    def head(self) -> tuple[int, int, int]:
+        last, count, state = self.tails[-1]
+        return -last, -count, -state
+
+    def pop_head(self) -> tuple[int, int, int]:
+        last, count, state = self.tails.pop()
+        self._forget(-count, -state)
+        return -last, -count, -state
+
+    def drop_ending_before(self, to: int) -> int:
+        """Drop the batches that end before ``to`` (a run at the head); how many."""
+        tails = self.tails
+        at = bisect_left(tails, (1 - to,))
+        for _, count, state in tails[at:]:
+            self._forget(-count, -state)
+        gone = len(tails) - at
+        del tails[at:]
+        return gone
+
+    def join(self, other: _Group) -> None:
+        """Take ``other``'s batches: one by one into a much larger group, else by a sort
+        of the two runs (linear)."""
+        if len(other.tails) * 8 < len(self.tails):
+            for tail in other.tails:
+                insort(self.tails, tail)
+            for info in other.infos:
+                insort(self.infos, info)
+        else:
+            self.tails += other.tails
+            self.tails.sort()
+            self.infos += other.infos
+            self.infos.sort()
+
+    def _forget(self, count: int, state: int) -> None:
+        infos = self.infos
+        del infos[bisect_left(infos, (count, state))]
 
 
 class _Pending:
-    """R of the sweep, as groups by first offset, the smallest first offset on a heap."""
+    """R of the sweep: the input batches not reached yet, in order, and the pieces put
+    back, in groups by first offset (the smallest first offset on a heap). An input
+    batch joins the group at its first offset only when it meets one there, or another
+    input batch starting with it: a group costs two sorted lists, and a lone batch needs
+    none."""
 
-    __slots__ = ("firsts", "groups", "moved")
+    __slots__ = ("entries", "firsts", "groups", "moved", "next")
 
-    def __init__(self, entries: Iterable[Entry]) -> None:
+    def __init__(self, entries: list[Entry]) -> None:
+        self.entries = entries
+        self.next = 0
         self.groups: dict[int, _Group] = {}
-        for first, last, count, state in entries:
-            group = self.groups.get(first)
-            if group is None:
-                group = self.groups[first] = _Group()
-            group.add(last, count, state)
-        self.firsts = list(self.groups)
-        heapq.heapify(self.firsts)
+        self.firsts: list[int] = []
         self.moved = 0
 
-    def pop(self) -> Entry:
-        first = self.firsts[0]
-        group = self.groups[first]
-        last, count, state = group.tails.pop(0)
-        group.infos.remove((count, state))
+    def __bool__(self) -> bool:
+        return self.next < len(self.entries) or bool(self.firsts)
+
+    def head(self) -> tuple[int, _Group | None]:
+        """The smallest first offset, and the group there, gathering the input batches
+        that start at it into one; None when a lone input batch is all that starts
+        there (it is ``self.entries[self.next]``)."""
+        entries, at, firsts = self.entries, self.next, self.firsts
+        first = firsts[0] if firsts else None
+        if at < len(entries):
+            entry_first = entries[at][0]
+            if first is None or entry_first < first:
+                if at + 1 == len(entries) or entries[at + 1][0] != entry_first:
+                    return entry_first, None
+                first = entry_first
+            elif entry_first > first:
+                return first, self.groups[first]
+        else:
+            assert first is not None
+            return first, self.groups[first]
+        # Input batches start at ``first``, and a group or another one too: one group.
+        group = self.groups.get(first)
+        if group is None:
+            group = self.groups[first] = _Group()
+            heapq.heappush(firsts, first)
+        while at < len(entries) and entries[at][0] == first:
+            _, last, count, state = entries[at]
+            group.add(last, count, state)
+            at += 1
+        self.next = at
+        return first, group
+
+    def pop_group_head(self, first: int, group: _Group) -> tuple[int, int, int]:
+        tail = group.pop_head()
         if not group.tails:
             del self.groups[first]
             heapq.heappop(self.firsts)
-        return first, last, count, state
+        return tail
 
     def push(self, first: int, last: int, count: int, state: int) -> None:
         group = self.groups.get(first)
@@ -164,20 +231,14 @@ class _Pending:
             heapq.heappush(self.firsts, first)
         group.add(last, count, state)
 
-    def move_first_group(self, to: int) -> None:
-        """Move the group with the smallest first offset to start at ``to``: what the
-        walk does to each of its batches, one by one, when a front ending at ``to - 1``
+    def move_group(self, first: int, group: _Group, to: int) -> None:
+        """Move the group at the smallest first offset to start at ``to``: what the walk
+        does to each of its batches, one by one, when a front ending at ``to - 1``
         outranks them all. Batches ending before ``to`` vanish."""
-        first = heapq.heappop(self.firsts)
-        group = self.groups.pop(first)
-        tails, infos = group.tails, group.infos
-        gone = tails.bisect_left((to,))
-        for index in range(gone):
-            _, count, state = tails[index]
-            infos.remove((count, state))
-        del tails[:gone]
-        self.moved += gone
-        if not tails:
+        heapq.heappop(self.firsts)
+        del self.groups[first]
+        self.moved += group.drop_ending_before(to)
+        if not group.tails:
             return
         other = self.groups.get(to)
         if other is None:
@@ -186,35 +247,44 @@ class _Pending:
             return
         # The smaller group joins the larger: each batch moves O(log n) times at most
         # through joins.
-        if len(other.tails) < len(tails):
+        if len(other.tails) < len(group.tails):
             self.groups[to] = group
             group, other = other, group
-        other.tails.update(group.tails)
-        other.infos.update(group.infos)
+        other.join(group)
         self.moved += len(group.tails)
 
 
 def sweep_grouped(entries: list[Entry]) -> tuple[list[Entry], int]:
-    """The sweep with the pending batches in groups (see the module's docstring)."""
+    """The sweep with the pending batches in groups (see the module's docstring);
+    ``entries`` in set order."""
     pending = _Pending(entries)
-    groups, firsts = pending.groups, pending.firsts
     out: list[Entry] = []
-    f_first, f_last, f_count, f_state = pending.pop()
+    f_first, f_last, f_count, f_state = entries[0]
+    pending.next = 1
     steps = 0
-    while firsts:
+    while pending:
         steps += 1
-        b_first = firsts[0]
-        group = groups[b_first]
-        b_last, b_count, b_state = group.tails[0]
+        b_first, group = pending.head()
+        if group is None:
+            _, b_last, b_count, b_state = entries[pending.next]
+        else:
+            b_last, b_count, b_state = group.head()
         same = b_count == f_count and b_state == f_state
         if b_first > f_last + 1 or (b_first == f_last + 1 and not same):
             out.append((f_first, f_last, f_count, f_state))
-            f_first, f_last, f_count, f_state = pending.pop()
+            if group is None:
+                pending.next += 1
+            else:
+                pending.pop_group_head(b_first, group)
+            f_first, f_last, f_count, f_state = b_first, b_last, b_count, b_state
             continue
-        if b_first <= f_last and group.infos[-1] < (f_count, f_state):
-            pending.move_first_group(f_last + 1)
+        if group is None:
+            pending.next += 1
+        elif b_first <= f_last and group.infos[-1] < (f_count, f_state):
+            pending.move_group(b_first, group, f_last + 1)
             continue
-        pending.pop()
+        else:
+            pending.pop_group_head(b_first, group)
         if same:
             f_last = max(f_last, b_last)
             continue

@@ -75,7 +75,7 @@ def interleaved_stairs(n: int) -> list[StateBatch]:
 
 def low_cover_high_chain(n: int) -> list[StateBatch]:
     """Long low batches under a chain of short high ones that keep splitting them."""
-    low = [_b(0, 10 * n, 1)] + [_b(1, 5 * n + i, 0) for i in range(n // 2)]
+    low = [_b(0, 10 * n, 1)] + [_b(1, 5 * n + i, 0) for i in range(n // 2 - 1)]
     high = [_b(1 + 3 * i, 3 * i + 3, 5 + i % 3) for i in range(n // 2)]
     return low + high
 
