@@ -116,8 +116,7 @@ def test_a_damaged_meta_is_the_directory_not_a_partition(tmp_path: Path) -> None
     assert code == 1
     assert lines[0].startswith(f"DAMAGED {data_dir}/meta is not valid JSON")
     assert lines[-2] == (
-        f"DAMAGED: the data directory itself (above); no partition checked, 0 records in "
-        f"{data_dir}"
+        f"DAMAGED: the data directory itself (above); no partition checked, 0 records in {data_dir}"
     )
 
 
