@@ -57,6 +57,8 @@ from protocol.widths import Int32, Int64
 
 SNAPSHOT_RECORD_TYPE = 0
 UPDATE_RECORD_TYPE = 1
+# Every record type a log frame may carry; the frame reader takes any other as damage.
+RECORD_TYPES = (SNAPSHOT_RECORD_TYPE, UPDATE_RECORD_TYPE)
 
 
 class ShareKey(msgspec.Struct, frozen=True, order=True, array_like=True, gc=False):

@@ -220,7 +220,8 @@ def _partition_export(args: argparse.Namespace) -> int:
 
 
 def _partition_import(args: argparse.Namespace) -> int:
-    from server.partition_tools import ToolError, import_partition
+    from server.partition_import import import_partition
+    from server.partition_tools import ToolError
 
     values = load_settings(PARTITION_IMPORT_SETTINGS, args, required=("source",))
     data_dir = values["data_dir"]
@@ -231,6 +232,12 @@ def _partition_import(args: argparse.Namespace) -> int:
         _say(args.prog, str(exc))
         return exc.code
     manifest = done.manifest
+    if done.already:
+        print(
+            f"state partition {manifest.partition} of {data_dir} already holds this export "
+            "(an import of it finished before): nothing to do"
+        )
+        return 0
     print(
         f"imported state partition {manifest.partition} into {data_dir} for node {done.node}: "
         f"{manifest.records} records, offsets {manifest.log_start_offset}.."

@@ -24,6 +24,9 @@ from typing import Any, TextIO
 import msgspec
 
 from persistence import LogError, LogRecord, partition_dir, read_meta, read_partition, verify
+from persistence.journal import JOURNAL_DIR
+from persistence.ownership import describe
+from persistence.statelog import META_FILE, PARTITIONS_DIR
 from protocol.batches import state_name
 from protocol.records import (
     Record,
@@ -154,14 +157,26 @@ def _iso(ms: int) -> str:
 
 def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     """Check every frame's CRC and offsets, then replay every record of every partition
-    through the state rules. Exit 1 if anything is damaged or does not replay."""
+    through the state rules. Exit 1 if anything is damaged or does not replay; the
+    summary line counts and names the damaged partitions. Exit 2 for a directory that
+    is no data directory at all (no meta, no partitions, no journal): a wrong path, not
+    damage."""
     if not os.path.isdir(data_dir):
         print(f"sharecoord log verify: {data_dir} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    if not any(
+        os.path.lexists(os.path.join(data_dir, name))
+        for name in (META_FILE, PARTITIONS_DIR, JOURNAL_DIR)
+    ):
+        print(
+            f"sharecoord log verify: {data_dir} is not a sharecoord data directory: it has "
+            f"no {META_FILE}, no {PARTITIONS_DIR} and no {JOURNAL_DIR}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     report = verify(data_dir)
     for problem in report.problems:
         out.write(f"DAMAGED {problem}\n")
-    damaged = not report.ok
     damaged_partitions: list[int] = []
     records = 0
     elsewhere = 0
@@ -179,12 +194,10 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
             notes.append(f"incomplete tail: {result.tail}")
         suffix = f" ({'; '.join(notes)})" if notes else ""
         if not result.ok:
-            damaged = True
             damaged_partitions.append(result.partition)
             for damage in result.damage:
                 out.write(f"partition {result.partition}: DAMAGED {damage}\n")
         elif unreplayable is not None:
-            damaged = True
             damaged_partitions.append(result.partition)
             out.write(f"partition {result.partition}: DOES NOT REPLAY {unreplayable}\n")
         else:
@@ -200,12 +213,9 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
         records += result.record_count
     for note in report.notes:
         out.write(f"note: {note}\n")
-    verdict = "DAMAGED" if damaged else "ok"
-    others = f" ({elsewhere} of them held by other nodes)" if elsewhere else ""
-    out.write(
-        f"{verdict}: {len(report.partitions)} partitions{others}, {records} records in "
-        f"{data_dir}\n"
-    )
+    out.write(_summary(report.problems, damaged_partitions, len(report.partitions), elsewhere))
+    out.write(f", {records} records in {data_dir}\n")
+    damaged = bool(report.problems or damaged_partitions)
     if damaged:
         # One line: what the daemon does, where to look, and where the repair is explained.
         which = str(damaged_partitions[0]) if len(damaged_partitions) == 1 else "P"
@@ -216,6 +226,22 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
             "says how to repair it.\n"
         )
     return EXIT_FAILURE if damaged else EXIT_OK
+
+
+def _summary(problems: list[str], damaged: list[int], checked: int, elsewhere: int) -> str:
+    """The verdict line up to its record count: `ok: 50 partitions`, or what is damaged
+    and only that, `DAMAGED: partitions 3, 17 (2 of 50)`."""
+    if not problems and not damaged:
+        held = f" ({elsewhere} of them held by other nodes)" if elsewhere else ""
+        return f"ok: {checked} partitions{held}"
+    held = f"; {elsewhere} held by other nodes" if elsewhere else ""
+    itself = "the data directory itself (above)"
+    if not damaged:
+        sound = f"{checked} partitions checked, none damaged" if checked else "no partition checked"
+        return f"DAMAGED: {itself}; {sound}{held}"
+    noun = "partition" if len(damaged) == 1 else "partitions"
+    partitions = f"{noun} {describe(damaged)} ({len(damaged)} of {checked}{held})"
+    return f"DAMAGED: {itself} and {partitions}" if problems else f"DAMAGED: {partitions}"
 
 
 def replay_problem(directory: str) -> str | None:
