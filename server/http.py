@@ -54,7 +54,7 @@ from server.config import ServeConfig
 from server.connection import ServerHandler
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import CounterChild, ShareCoordinatorMetrics
-from server.offload import OFFLOAD_BODY_BYTES, Offload
+from server.offload import OFFLOAD_BODY_BYTES, Offload, watch_loop_lag
 from server.routes import Answer, Param, Route
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
@@ -650,6 +650,9 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         coordinator.service = service
         committer.start()
         loading = asyncio.get_running_loop().create_task(_load_all(runtimes, service), name="load")
+        watching = asyncio.get_running_loop().create_task(
+            watch_loop_lag(metrics.event_loop_lag.labels()), name="loop-lag"
+        )
         service.start_jobs()
         _log.info(
             "serving state partitions %s of %d from %s",
@@ -663,8 +666,11 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
             for runtime in runtimes.values():
                 runtime.stop()  # replays in threads end now, not when the log does
             loading.cancel()
+            watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
             await service.stop_jobs()
             for runtime in runtimes.values():
                 await runtime.close()

@@ -385,6 +385,13 @@ class ShareCoordinatorMetrics:
             "Duration of the last load (replay) of the state partition.",
             ("partition",),
         )
+        self.event_loop_lag = self._loop_histogram(
+            "sharecoord_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 10 ms: how long something held "
+            "it (a long request, a scrape, the garbage collector) while others waited.",
+            (),
+            LATENCY_BUCKETS,
+        )
         self.http_errors = self._counter(
             "sharecoord_http_error_responses_total",
             "HTTP answers with a 4xx or 5xx status, by status.",

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 T = TypeVar("T")
 
@@ -32,3 +32,21 @@ class Offload:
     def close(self) -> None:
         """Wait for the job that runs, if any (blocking: call it off the loop)."""
         self._executor.shutdown(wait=True, cancel_futures=True)
+
+
+# How often the loop's lag is sampled: a timer every 10 ms (~0.1% of a core).
+LAG_SAMPLE_S = 0.01
+
+
+class Observer(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+async def watch_loop_lag(lag: Observer, every_s: float = LAG_SAMPLE_S) -> None:
+    """Observe, for ever, how late the loop runs a timer due every ``every_s``: what
+    anything that held the loop cost everyone else (``sharecoord_event_loop_lag_seconds``)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + every_s
+        await asyncio.sleep(every_s)
+        lag.observe(max(0.0, loop.time() - due))
