@@ -61,10 +61,12 @@ def run_server(config: ServeConfig) -> int:
             if config.tls_cert and config.tls_key
             else None
         )
-        kafka_auth = KafkaAuth(token=token)
-        if config.scram_credentials_file:
-            kafka_auth.credentials = load_credentials(config.scram_credentials_file)
-            kafka_auth.scram_enabled = True
+        scram_file = config.scram_credentials_file
+        kafka_auth = KafkaAuth(
+            token=token,
+            credentials=load_credentials(scram_file) if scram_file else {},
+            scram_enabled=bool(scram_file),
+        )
     except (SecurityError, CredentialsError) as exc:
         # A token, TLS or credentials file that cannot be used is a usage error, as a bad
         # flag is.
