@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from persistence import LogError, read_meta
+from protocol.sasl import DEFAULT_ITERATIONS
 from server import preflight
 from server.config import (
     AUDIT_SETTINGS,
@@ -284,7 +285,11 @@ def _add_scram_commands(subparsers: Any) -> None:
         parser.add_argument("--user", required=True, metavar="USER", help="SASL user name")
     add.add_argument("--mechanism", required=True, choices=mechanisms)
     add.add_argument(
-        "--iterations", type=int, default=8192, metavar="N", help="PBKDF2 rounds (default 8192)"
+        "--iterations",
+        type=int,
+        default=DEFAULT_ITERATIONS,
+        metavar="N",
+        help=f"PBKDF2 rounds (default {DEFAULT_ITERATIONS})",
     )
     remove.add_argument("--mechanism", choices=mechanisms, help="only this mechanism")
     add.set_defaults(command=_scram_add, prog=add.prog)

@@ -323,6 +323,15 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         _listen,
         metavar="HOST:PORT",
     ),
+    _int(
+        "kafka_max_connections",
+        1000,
+        "Most connections open at once on the Kafka listener; one more is accepted and "
+        "closed at once (counted in sharecoord_kafka_connections_refused_total, logged "
+        "at most once a second). Each takes a file descriptor: keep the open-files limit "
+        "(ulimit -n) well above it.",
+        at_least(1),
+    ),
     Setting(
         "advertised_listener",
         None,
@@ -758,6 +767,7 @@ class ServeConfig:
     data_dir: str
     listen: str
     kafka_listener: str | None
+    kafka_max_connections: int
     advertised_listener: str | None
     partitions: int
     topic_catalog: bool

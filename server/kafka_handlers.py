@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from protocol import errors
@@ -60,7 +60,7 @@ class CloseConnection(Exception):
         self.answer = answer
 
 
-Answer = bytes | Awaitable[bytes]
+Answer = bytes | Coroutine[Any, Any, bytes]
 
 
 class KafkaApi:
@@ -90,13 +90,24 @@ class KafkaApi:
     # --- metrics: label children looked up once each ----------------------------------
 
     def count(self, api_key: int, version: int, outcome: str) -> None:
-        child = self._counters.get((api_key, version, outcome))
+        """Count a request. Its labels are never what the client chose: an apiKey we do
+        not serve is ``unknown``, a version outside the API's range ``unsupported``, so
+        the series are at most the served (api, version) pairs, plus one of each kind,
+        times the outcomes, whatever a client sends, authenticated or not."""
+        key = (api_key, version, outcome)
+        child = self._counters.get(key)
         if child is None:
-            name = API_NAMES.get(api_key, "unknown")
-            # Unknown keys and versions share a label value: a client cannot make series.
-            label = str(version) if api_key in API_NAMES else "unknown"
-            child = self._counters[api_key, version, outcome] = self._metrics.kafka_requests.labels(
-                name, label, outcome
+            supported = km.SUPPORTED.get(api_key)
+            if supported is None:
+                self._metrics.kafka_requests.labels("unknown", "unknown", outcome).inc()
+                return
+            name = API_NAMES[api_key]
+            if not supported[0] <= version <= supported[1]:
+                self._metrics.kafka_requests.labels(name, "unsupported", outcome).inc()
+                return
+            # Only served versions are cached: a client's choice must not grow this.
+            child = self._counters[key] = self._metrics.kafka_requests.labels(
+                name, str(version), outcome
             )
         child.inc()
 

@@ -401,8 +401,10 @@ class ShareCoordinatorMetrics:
         # HTTP ones keep their meaning.
         self.kafka_requests = self._loop_counter(
             "sharecoord_kafka_requests_total",
-            "Requests on the Kafka listener by api (Kafka's name), version and outcome: "
-            "ok, or closed (malformed, refused before authentication, over a limit).",
+            "Requests on the Kafka listener by api (Kafka's name, or unknown), version "
+            "(unsupported for one outside the api's range) and outcome: ok, "
+            "unsupported_version (an ApiVersions too new) or closed (malformed, refused "
+            "before authentication, over a limit).",
             ("api", "version", "outcome"),
         )
         self.kafka_latency = self._loop_histogram(
@@ -418,8 +420,14 @@ class ShareCoordinatorMetrics:
             "sharecoord_kafka_connections_closed_total",
             "Kafka listener connections the daemon closed, by reason (malformed, "
             "unsupported, unauthenticated, authentication_failed, too_large, idle, "
-            "slow_reader, shutdown).",
+            "slow_reader, internal, shutdown).",
             ("reason",),
+        )
+        self.kafka_refused = self._counter(
+            "sharecoord_kafka_connections_refused_total",
+            "Kafka listener connections cut off as they came because "
+            "kafka_max_connections were open.",
+            (),
         )
 
     # prometheus_client's classes register themselves when given the registry.

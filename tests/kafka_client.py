@@ -47,6 +47,15 @@ def kafka_address(stdout_lines: list[str]) -> tuple[str, int]:
     raise AssertionError(f"no Kafka listener line in {stdout_lines}")
 
 
+def raw_request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:
+    """A frame of any apiKey and version, header v2 (null client id, no tagged fields)
+    over ``body``: for the requests no library would build."""
+    header = api_key.to_bytes(2, "big", signed=True) + version.to_bytes(2, "big", signed=True)
+    header += correlation.to_bytes(4, "big", signed=True) + b"\xff\xff" + b"\x00"
+    data = header + body
+    return len(data).to_bytes(4, "big") + data
+
+
 def schema(module: str, version: int, kind: str) -> Any:
     return importlib.import_module(f"kio.schema.{module}.v{version}.{kind}")
 
@@ -188,6 +197,14 @@ class KafkaClient:
             self.decode(request, await self.read_frame(), correlation_id)
             for request, (_, correlation_id) in zip(requests, frames, strict=True)
         ]
+
+    async def login_plain(self, password: str, user: str = "tests") -> None:
+        """SASL/PLAIN (SaslHandshake v1, SaslAuthenticate v2); asserts it succeeded."""
+        handshake = message_class("sasl_handshake", 1, "request")(mechanism="PLAIN")
+        assert int((await self.send(handshake)).error_code) == 0
+        token = b"\x00" + user.encode() + b"\x00" + password.encode()
+        done = await self.send(message_class("sasl_authenticate", 2, "request")(auth_bytes=token))
+        assert int(done.error_code) == 0, done.error_message
 
     async def rpc(self, rpc: str, body: dict[str, Any], version: int | None = None) -> Any:
         """One share-group state RPC from an HTTP-API body; the answer as HTTP's JSON."""

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -474,6 +474,24 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if found == labels:
             return float(value)
     return 0.0
+
+
+async def wait_metric(
+    api: Api,
+    name: str,
+    check: Callable[[float], bool],
+    timeout: float = READY_TIMEOUT_S,
+    **labels: str,
+) -> float:
+    """Poll /metrics until the sample ``name{labels}`` (0 while absent) passes
+    ``check``; its value then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = metric_value(await api.metrics(), name, **labels)
+        if check(value):
+            return value
+        assert time.monotonic() < deadline, f"{name}{labels} stayed at {value}"
+        await asyncio.sleep(0.05)
 
 
 # --- writes whose outcome is known without the merge rules ----------------------------------

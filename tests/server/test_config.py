@@ -624,3 +624,14 @@ def test_kafka_listener_is_off_by_default_and_read_from_flag_env_and_file(tmp_pa
 def test_a_bad_kafka_listener_is_refused_naming_it(text):
     with pytest.raises(ConfigError, match="kafka_listener"):
         resolved("--kafka-listener", text)
+
+
+def test_kafka_max_connections_is_1000_unless_set_and_at_least_one(tmp_path):
+    assert resolved()["kafka_max_connections"] == 1000
+    assert resolved("--kafka-max-connections", "5")["kafka_max_connections"] == 5
+    env = {"SHARECOORD_KAFKA_MAX_CONNECTIONS": "7"}
+    assert resolved(env=env)["kafka_max_connections"] == 7
+    file = config_file(tmp_path, "kafka_max_connections = 9\n")
+    assert resolved(file=file)["kafka_max_connections"] == 9
+    with pytest.raises(ConfigError, match=r"kafka_max_connections.*must be >= 1"):
+        resolved("--kafka-max-connections", "0")

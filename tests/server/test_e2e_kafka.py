@@ -20,7 +20,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kafka_client import KafkaClient, kafka_address, message_class, schema, share_request
+from tests.kafka_client import (
+    KafkaClient,
+    kafka_address,
+    message_class,
+    raw_request,
+    schema,
+    share_request,
+)
 from tests.server.daemons import (
     TOPIC,
     Api,
@@ -216,7 +223,7 @@ async def test_api_versions_every_version_and_one_too_new(kafka):
         )
         assert int((await client.send(bad)).error_code) == 42
         # Version 9: header v2, error 35 in a v0 body naming ApiVersions' range.
-        frame = _raw_request(18, 9, 77, b"\x00")
+        frame = raw_request(18, 9, 77, b"\x00")
         client.writer.write(frame)
         data = await client.read_frame()
         assert data[:4] == (77).to_bytes(4, "big")
@@ -225,13 +232,6 @@ async def test_api_versions_every_version_and_one_too_new(kafka):
         assert [(a.api_key, a.min_version, a.max_version) for a in answer.api_keys] == [(18, 0, 4)]
     finally:
         await client.close()
-
-
-def _raw_request(api_key: int, version: int, correlation: int, body: bytes) -> bytes:
-    header = api_key.to_bytes(2, "big") + version.to_bytes(2, "big", signed=True)
-    header += correlation.to_bytes(4, "big") + b"\xff\xff" + b"\x00"
-    data = header + body
-    return len(data).to_bytes(4, "big") + data
 
 
 def _read(cls: Any, data: bytes) -> Any:
@@ -267,10 +267,10 @@ async def test_find_coordinator_answers_the_kafka_listener_of_this_node(kafka):
 @pytest.mark.parametrize(
     ("what", "frame"),
     [
-        ("unknown api key", _raw_request(999, 0, 1, b"")),
-        ("unsupported version", _raw_request(85, 7, 1, b"\x02g\x01\x00")),
-        ("truncated body", _raw_request(85, 0, 1, b"\x05g")),
-        ("trailing bytes", _raw_request(86, 0, 1, b"\x02g\x01\x00\x00")),
+        ("unknown api key", raw_request(999, 0, 1, b"")),
+        ("unsupported version", raw_request(85, 7, 1, b"\x02g\x01\x00")),
+        ("truncated body", raw_request(85, 0, 1, b"\x05g")),
+        ("trailing bytes", raw_request(86, 0, 1, b"\x02g\x01\x00\x00")),
         ("size over the limit", (10**8).to_bytes(4, "big") + b"\x00" * 16),
         ("negative size", (-5).to_bytes(4, "big", signed=True)),
     ],
@@ -334,7 +334,7 @@ async def test_idle_and_slow_connections_are_cut(spawn, tmp_path):
     host, port = kafka_address(daemon.stdout_lines)
     idle = await KafkaClient.connect(host, port)
     slow = await KafkaClient.connect(host, port)
-    slow.writer.write(_raw_request(18, 0, 1, b"")[:7])  # a frame that never completes
+    slow.writer.write(raw_request(18, 0, 1, b"")[:7])  # a frame that never completes
     assert await idle.closed_by_peer(timeout=10)
     assert await slow.closed_by_peer(timeout=10)
     await idle.close()

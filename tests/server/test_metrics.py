@@ -45,6 +45,7 @@ FAMILIES = {
     "sharecoord_kafka_request_latency_seconds": ("histogram", ("api",)),
     "sharecoord_kafka_connections": ("gauge", ()),
     "sharecoord_kafka_connections_closed_total": ("counter", ("reason",)),
+    "sharecoord_kafka_connections_refused_total": ("counter", ()),
 }
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
@@ -79,6 +80,7 @@ def busy_metrics() -> ShareCoordinatorMetrics:
     metrics.kafka_latency.labels("WriteShareGroupState").observe(0.001)
     metrics.kafka_connections.inc()
     metrics.kafka_closed.labels("idle").inc()
+    metrics.kafka_refused.inc()
     return metrics
 
 
