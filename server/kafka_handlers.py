@@ -14,6 +14,7 @@ answer shows is durable.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -30,7 +31,8 @@ from protocol.sasl import SaslFailed
 from server.cluster import ClusterMap
 from server.kafka_auth import KafkaAuth, SaslSession
 from server.metrics import CounterChild, HistogramChild, ShareCoordinatorMetrics
-from server.service import CoordinatorService
+from server.offload import OFFLOAD_BODY_BYTES, Offload
+from server.service import CoordinatorService, InOrder, Place
 
 _log = logging.getLogger("sharecoord.kafka")
 
@@ -75,8 +77,10 @@ class KafkaApi:
         auth: KafkaAuth,
         node_id: int,
         single_node: bool,
+        offload: Offload | None = None,
     ) -> None:
         self._service = service
+        self._offload = offload or Offload()
         self._cluster = cluster
         self._metrics = metrics
         self._limits = limits
@@ -121,7 +125,7 @@ class KafkaApi:
 
     # --- dispatch ---------------------------------------------------------------------
 
-    def handle(self, frame: bytes, session: SaslSession) -> Answer:
+    def handle(self, frame: bytes, session: SaslSession, order: InOrder | None = None) -> Answer:
         api_key, version = wire.peek_api(frame)
         supported = km.SUPPORTED.get(api_key)
         if supported is None:
@@ -144,8 +148,16 @@ class KafkaApi:
             header_version = km.request_header_version(api_key, version)
             correlation_id = wire.skip_request_header(reader, header_version)
             rpc = km.RPCS.get(api_key)
+            if rpc is not None and len(frame) > OFFLOAD_BODY_BYTES:
+                # Decoding it would hold the loop: the request decodes off it, and counts
+                # itself once it knows whether it was well-formed.
+                return self._serve_large(rpc, version, correlation_id, reader, order)
             if rpc is not None:
-                answer: Answer = self._state_rpc(rpc, version, correlation_id, reader)
+                request = self._decode_state_request(rpc, version, reader)
+                if request is None:
+                    answer: Answer = self._empty_answer(rpc, version, correlation_id)
+                else:
+                    answer = self._serve(rpc, version, correlation_id, request, order)
             elif api_key == km.FIND_COORDINATOR:
                 answer = self._find_coordinator(version, correlation_id, reader)
             elif api_key == km.SASL_HANDSHAKE:
@@ -290,26 +302,74 @@ class KafkaApi:
 
     # --- the five RPCs ------------------------------------------------------------------
 
-    def _state_rpc(self, rpc: Rpc, version: int, correlation_id: int, reader: Reader) -> Answer:
+    def _decode_state_request(self, rpc: Rpc, version: int, reader: Reader) -> Any:
+        """The request, checked at the edge; None for one with nothing in it. Raises
+        WireError."""
         limits = self._limits
         budget = km.Budget(limits.max_entries_per_request, limits.max_state_batches_per_entry)
         request = km.decode_state_request(rpc, version, reader, budget)
         if km.is_empty_request(request):
-            # Kafka's share coordinator answers these with an empty response, doing nothing.
-            return km.encode_state_response(
-                rpc, version, correlation_id, ShareGroupStateResponse([])
-            )
+            return None
         try:
             prepare_request(rpc, request, limits)
         except BodyError as exc:  # topic ids are always well-formed here; limits were counted
             raise WireError(str(exc)) from None
-        return self._serve(rpc, version, correlation_id, request, time.perf_counter())
+        return request
+
+    def _empty_answer(self, rpc: Rpc, version: int, correlation_id: int) -> bytes:
+        # Kafka's share coordinator answers these with an empty response, doing nothing.
+        return km.encode_state_response(rpc, version, correlation_id, ShareGroupStateResponse([]))
+
+    async def _serve_large(
+        self,
+        rpc: Rpc,
+        version: int,
+        correlation_id: int,
+        reader: Reader,
+        order: InOrder | None,
+    ) -> bytes:
+        started = time.perf_counter()
+        place = order.enter() if order is not None else None
+        try:
+            try:
+                request = await self._offload(
+                    functools.partial(self._decode_state_request, rpc, version, reader)
+                )
+            except WireError as exc:
+                self.count(rpc.api_key, version, "closed")
+                raise CloseConnection(
+                    "malformed", f"{API_NAMES[rpc.api_key]} v{version}: {exc}"
+                ) from None
+            self.count(rpc.api_key, version, "ok")
+            if request is None:
+                return self._empty_answer(rpc, version, correlation_id)
+            return await self._answer(rpc, version, correlation_id, request, started, place)
+        finally:
+            if place is not None:
+                place.leave()
 
     async def _serve(
-        self, rpc: Rpc, version: int, correlation_id: int, request: Any, started: float
+        self, rpc: Rpc, version: int, correlation_id: int, request: Any, order: InOrder | None
+    ) -> bytes:
+        started = time.perf_counter()
+        place = order.enter() if order is not None else None
+        try:
+            return await self._answer(rpc, version, correlation_id, request, started, place)
+        finally:
+            if place is not None:
+                place.leave()
+
+    async def _answer(
+        self,
+        rpc: Rpc,
+        version: int,
+        correlation_id: int,
+        request: Any,
+        started: float,
+        place: Place | None,
     ) -> bytes:
         try:
-            response = await self._service().handle(rpc, request)
+            response = await self._service().handle(rpc, request, place)
             answer = km.encode_state_response(rpc, version, correlation_id, response)
         except Exception:
             # A bug: logged with its trace; the connection closes (Kafka has no per-request

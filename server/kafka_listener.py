@@ -53,6 +53,7 @@ from server.kafka_auth import KafkaAuth, SaslSession
 from server.kafka_handlers import CloseConnection, KafkaApi
 from server.logs import log_event
 from server.metrics import ShareCoordinatorMetrics
+from server.service import InOrder
 
 _log = logging.getLogger("sharecoord.kafka")
 
@@ -81,6 +82,7 @@ class KafkaConnection(asyncio.Protocol):
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._session = SaslSession(listener.api.auth)
+        self._order = InOrder()  # its requests run their entries in the order they came
         # In request order, until written: answers ready to go, or requests being run.
         self._pending: collections.deque[bytes | _Running] = collections.deque()
         self._admitted = False
@@ -193,7 +195,7 @@ class KafkaConnection(asyncio.Protocol):
 
     def _dispatch(self, frame: bytes) -> None:
         try:
-            answer = self._api.handle(frame, self._session)
+            answer = self._api.handle(frame, self._session, self._order)
         except CloseConnection as exc:
             if exc.answer is not None and not self._pending:
                 self._write(exc.answer)  # the last answer, however full the buffer
@@ -226,7 +228,8 @@ class KafkaConnection(asyncio.Protocol):
         self._flush()
 
     def _finished(self, task: asyncio.Future[None]) -> None:
-        failed = task.cancelled() or task.exception() is not None
+        error = None if task.cancelled() else task.exception()
+        failed = task.cancelled() or error is not None
         listener = self._listener
         listener.in_flight -= 1
         if listener.stopping and not failed:
@@ -234,6 +237,9 @@ class KafkaConnection(asyncio.Protocol):
         if listener.in_flight == 0:
             listener.idle.set()
         if self._closing:
+            return
+        if isinstance(error, CloseConnection):  # a large frame, found malformed off the loop
+            self.close(error.reason, str(error))
             return
         if failed:
             self.close("internal", "a request failed")
@@ -466,6 +472,7 @@ async def start_kafka_listener(
         auth,
         config.node_id,
         single_node=config.cluster is None,
+        offload=coordinator.offload,
     )
     listener = KafkaListener(
         api,

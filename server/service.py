@@ -137,27 +137,23 @@ class CoordinatorService:
         self,
         rpc: Rpc,
         request: ShareGroupStateRequest[Any],
-        in_order: InOrder | None = None,
+        place: Place | None = None,
     ) -> ShareGroupStateResponse[Any]:
         """Run every entry of a decoded request (``protocol.codec.prepare_request`` has
         been over it) and answer once what the answer shows is durable.
 
         A request never holds the event loop for long: it lets others run every
         ``SLICE_S`` of its own work, and a long entry runs on the offload thread
-        (``PartitionRuntime.execute_offloaded``). Requests that share an ``in_order``
-        (those of one Kafka connection) run their entries in the order they came even
-        so; they wait for durability together as before."""
-        if in_order is None:
+        (``PartitionRuntime.execute_offloaded``). A request with a ``place`` in an
+        ``InOrder`` (those of one Kafka connection) runs its entries after the request
+        before it there has run its own, even so; the durability waits overlap."""
+        if place is None:
             return await self._handle(rpc, request)
-        before, in_order.last = in_order.last, asyncio.get_running_loop().create_future()
-        executed = in_order.last
         try:
-            if before is not None and not before.done():
-                await before
-            return await self._handle(rpc, request, executed)
+            await place.turn()
+            return await self._handle(rpc, request, place.executed)
         finally:
-            if not executed.done():
-                executed.set_result(None)
+            place.leave()
 
     async def _handle(
         self,
@@ -759,14 +755,43 @@ class _Deadlines:
 
 
 class InOrder:
-    """The requests of one connection, run in the order they came: ``handle`` makes a
-    request wait until the previous one has run its entries (the durability wait can
-    overlap). Kafka answers a connection's requests in order and runs them in order."""
+    """The requests of one connection, run in the order they came (Kafka runs a
+    connection's requests one after the other): each takes a ``Place`` when it comes,
+    and ``handle`` runs its entries once the one before has run its own."""
 
-    __slots__ = ("last",)
+    __slots__ = ("_last",)
 
     def __init__(self) -> None:
-        self.last: asyncio.Future[None] | None = None
+        self._last: asyncio.Future[None] | None = None
+
+    def enter(self) -> Place:
+        executed = asyncio.get_running_loop().create_future()
+        place = Place(self._last, executed)
+        self._last = executed
+        return place
+
+
+class Place:
+    """One request's place in an ``InOrder``."""
+
+    __slots__ = ("_before", "executed")
+
+    def __init__(
+        self, before: asyncio.Future[None] | None, executed: asyncio.Future[None]
+    ) -> None:
+        self._before = before
+        self.executed = executed
+
+    async def turn(self) -> None:
+        before = self._before
+        if before is not None and not before.done():
+            await before
+        self._before = None
+
+    def leave(self) -> None:
+        """Let the next request run (also when this one failed or never ran)."""
+        if not self.executed.done():
+            self.executed.set_result(None)
 
 
 class _Inactive(Exception):

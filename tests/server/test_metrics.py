@@ -39,6 +39,7 @@ FAMILIES = {
     "sharecoord_log_bytes": ("gauge", ("partition",)),
     "sharecoord_last_pruned_offset": ("gauge", ("partition",)),
     "sharecoord_partition_load_duration_seconds": ("gauge", ("partition",)),
+    "sharecoord_event_loop_lag_seconds": ("histogram", ()),
     "sharecoord_http_error_responses_total": ("counter", ("status",)),
     # The Kafka listener's families come after the HTTP ones, which keep their names.
     "sharecoord_kafka_requests_total": ("counter", ("api", "version", "outcome")),
@@ -75,6 +76,7 @@ def busy_metrics() -> ShareCoordinatorMetrics:
     )
     metrics.last_pruned_offset.labels(4).set(100)
     metrics.load_duration.labels(4).set(0.25)
+    metrics.event_loop_lag.labels().observe(0.0005)
     metrics.http_errors.labels(400).inc()
     metrics.kafka_requests.labels("WriteShareGroupState", 1, "ok").inc()
     metrics.kafka_latency.labels("WriteShareGroupState").observe(0.001)
