@@ -65,6 +65,8 @@ SLOW_LOAD_S = 1.0
 # adversarial shapes: at this size the loop is held at most a few milliseconds.
 OFFLOAD_BATCHES = 256
 
+UNSYNCED_SWEEP_MIN = 1024
+
 T = TypeVar("T")
 Offload = Callable[[Callable[[], T]], Awaitable[T]]
 
@@ -106,6 +108,10 @@ class PartitionRuntime:
         # Taken while an offloaded operation runs, and handed from waiter to waiter.
         self._held = False
         self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
+        # The offset of each key's last record, while it may not be durable yet; swept
+        # of durable ones whenever it doubled, so it holds about what awaits a commit.
+        self._unsynced: dict[ShareKey, int] = {}
+        self._unsynced_sweep_at = UNSYNCED_SWEEP_MIN
         # Where a reset runs: the commit thread (GroupCommitter.run_exclusive), so it
         # never overlaps a cycle carrying one of this partition's batches.
         self._exclusive = exclusive or asyncio.to_thread
@@ -176,6 +182,7 @@ class PartitionRuntime:
         shard = self._new_shard()
         self.log.open(on_record=self._unless_closing(_replayer(shard, self.partition)))
         self.shard = shard
+        self._unsynced = {}  # all of a freshly opened log is durable
 
     def _unless_closing(self, replay: Callable[[LogRecord], None]) -> Callable[[LogRecord], None]:
         """``replay`` that gives up at the next record once ``close`` (or ``stop``) was
@@ -309,6 +316,12 @@ class PartitionRuntime:
         record_type, key_bytes, value = framed or _frame(shard, record)
         offset = self.log.append(record_type, key_bytes, value, self._now_ms())
         shard.replay(offset, record, key_bytes, merged)
+        unsynced = self._unsynced
+        if len(unsynced) >= self._unsynced_sweep_at:
+            durable = self.log.durable_end_offset
+            unsynced = self._unsynced = {k: o for k, o in unsynced.items() if o >= durable}
+            self._unsynced_sweep_at = max(UNSYNCED_SWEEP_MIN, 2 * len(unsynced))
+        unsynced[record.key] = offset
         self.records_appended += 1
         self.bytes_appended += FRAME_OVERHEAD + len(key_bytes) + (len(value) if value else 0)
 
@@ -316,6 +329,16 @@ class PartitionRuntime:
         """The offset an answer given now must wait for, or None if all is durable."""
         end = self.log.log_end_offset
         return end - 1 if end > self.log.durable_end_offset else None
+
+    def pending_offset_of(self, key: ShareKey) -> int | None:
+        """The offset an answer about ``key`` given now must wait for: its last record,
+        unless that is durable already (None). What a key's answer shows rests on its
+        own records alone, so a read of a quiet key does not wait behind the commit of
+        another key's long write."""
+        offset = self._unsynced.get(key)
+        if offset is None or offset < self.log.durable_end_offset:
+            return None
+        return offset
 
     # --- failure and recovery ---------------------------------------------------------
 
@@ -368,6 +391,7 @@ class PartitionRuntime:
         for record in self.log.read(0):
             replay(record)
         self.shard = shard
+        self._unsynced = {}  # cut back to what is durable
 
     def stop(self) -> None:
         """Stop loading and recovering: a replay running in a thread ends at its next

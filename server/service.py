@@ -218,7 +218,7 @@ class CoordinatorService:
                         code = errors.COORDINATOR_NOT_AVAILABLE
                     else:
                         placed.setdefault(state_partition, []).append(
-                            (out, len(out), runtime.pending_offset())
+                            (out, len(out), runtime.pending_offset_of(key))
                         )
                         out.append(result)
                         if result.error_code:
@@ -231,7 +231,12 @@ class CoordinatorService:
         if executed is not None:
             executed.set_result(None)
         if placed:
-            short = await self._durable_ends(placed)
+            targets = {}
+            for state_partition, entries_there in placed.items():
+                offsets = [offset for _, _, offset in entries_there if offset is not None]
+                if offsets:
+                    targets[state_partition] = max(offsets)
+            short = await self._durable_ends(targets)
             for state_partition, durable_end in short.items():
                 for out, index, offset in placed[state_partition]:
                     if offset is not None and offset >= durable_end:
@@ -279,24 +284,24 @@ class CoordinatorService:
         return ShareGroupStateResponse(results)
 
     async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:
-        """Wait until each partition's log is durable up to what was observed; return
-        the partitions whose commit failed or did not finish within the write timeout."""
-        return list(await self._durable_ends(partitions))
+        """Wait until each partition's log is durable up to its end now; return the
+        partitions whose commit failed or did not finish within the write timeout."""
+        targets = {}
+        for state_partition in partitions:
+            offset = self.runtimes[state_partition].pending_offset()
+            if offset is not None:
+                targets[state_partition] = offset
+        return list(await self._durable_ends(targets))
 
-    async def _durable_ends(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Wait until each partition's log is durable up to what was observed, behind
+    async def _durable_ends(self, targets: dict[int, int]) -> dict[int, int]:
+        """Wait until each partition's log is durable up to its target offset, behind
         one barrier for the whole request however many partitions it touched. For each
         partition whose commit failed or did not finish within the write timeout, the
         offset durability reached: what lies below it is durable (and stays so), what
         lies at or above it is not."""
-        targets = {}
-        runtimes = self.runtimes
-        for state_partition in partitions:
-            offset = runtimes[state_partition].pending_offset()
-            if offset is not None:
-                targets[state_partition] = offset
         if not targets:
             return {}
+        runtimes = self.runtimes
         barrier = self.committer.wait_durable_many(targets)
         future = barrier.future
         if not future.done():
@@ -347,8 +352,9 @@ class CoordinatorService:
         Like every read, it waits until what it shows is durable."""
         runtime = self._runtime_for_key(key)
         state = runtime.shard.admin_state(key)
-        if runtime.pending_offset() is not None:
-            failed = await self._wait_durable([runtime.partition])
+        offset = runtime.pending_offset_of(key)
+        if offset is not None:
+            failed = await self._durable_ends({runtime.partition: offset})
             if failed:
                 raise ServiceError(
                     errors.COORDINATOR_NOT_AVAILABLE,
