@@ -45,7 +45,7 @@ from protocol.messages import (
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
-from protocol.widths import Int32, NonEmptyString, TopicIdText
+from protocol.widths import GroupId, Int32, TopicIdText
 from server.access_log import access_log_level, access_log_middleware
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
@@ -83,6 +83,7 @@ class Coordinator:
         return codec.Limits(
             max_entries_per_request=self.config.max_entries_per_request,
             max_state_batches_per_entry=self.config.max_state_batches_per_entry,
+            max_group_id_bytes=self.config.max_group_id_bytes,
         )
 
     def rebind(self, cluster: ClusterMap) -> None:
@@ -433,14 +434,15 @@ async def handle_find_coordinator(request: web.Request) -> web.StreamResponse:
 async def handle_admin_state(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
     query = request.query
+    coordinator = request.app[COORDINATOR]
     try:
-        group_id = _query_str(query, "group_id")
+        group_id = _query_group_id(query, coordinator.limits)
         spelled = _query_str(query, "topic_id")
         topic_id = _query_topic_id(spelled)
         partition = _query_int32(query, "partition")
     except ValueError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), fmt)
-    service = request.app[COORDINATOR].require_service()
+    service = coordinator.require_service()
     try:
         state = await service.admin_state(ShareKey(group_id, topic_id, partition))
     except ServiceError as exc:
@@ -465,6 +467,15 @@ def _query_topic_id(spelled: str) -> str:
         return canonical_topic_id(spelled)
     except ValueError as exc:
         raise ValueError(f"query parameter topic_id: {exc}, got {spelled!r}") from None
+
+
+def _query_group_id(query: Any, limits: codec.Limits) -> str:
+    group_id = _query_str(query, "group_id")
+    try:
+        codec.check_group_id(group_id, limits)
+    except BodyError as exc:
+        raise ValueError(f"query parameter {exc}") from None
+    return group_id
 
 
 def _query_str(query: Any, name: str) -> str:
@@ -771,7 +782,7 @@ def _rpc_route(rpc: Rpc, kafka_name: str, result: type[AnyPartitionResult]) -> R
 
 
 _KEY_PARAMS = (
-    Param("group_id", NonEmptyString),
+    Param("group_id", GroupId),
     Param("topic_id", TopicIdText),
     Param("partition", Int32),
 )

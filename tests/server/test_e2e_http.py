@@ -211,6 +211,73 @@ async def test_limits_on_entries_and_batches_answer_400(serve, fmt):
     assert await api.codes("read-summary", _topic([read_entry(p) for p in range(3)])) == [0] * 3
 
 
+RPCS = ("initialize", "read", "write", "delete", "read-summary")
+OVER_THE_LIMIT = "group_id: 1048576 bytes, over the limit of 255 (max_group_id_bytes)"
+
+
+async def appended(api: Api) -> int:
+    reply = await api.request("GET", "/v1/admin/partitions")
+    return sum(p["log_end_offset"] or 0 for p in reply.body["partitions"])
+
+
+async def _post_large(api: Api, path: str, obj: Any) -> Any:
+    # BytesIO: aiohttp warns about (and the suite refuses) big raw bytes bodies.
+    data = io.BytesIO(encode(obj, api.fmt))
+    return await api.request("POST", path, data=data, headers={"Content-Type": MEDIA[api.fmt]})
+
+
+async def test_a_group_id_over_the_limit_answers_400_naming_it_and_writes_nothing(serve, fmt):
+    """docs/api.md "Limits": a 1 MiB group id with many entries once wrote ~1 GB (every
+    record repeats it); now every RPC refuses it whole, before any entry runs."""
+    api = (await serve()).api(fmt)
+    huge = "g" * (1 << 20)
+    for rpc in RPCS:
+        obj = _topic([_entry(rpc, p) for p in range(3)])
+        obj["group_id"] = huge
+        reply = await _post_large(api, f"/v1/share-group-state/{rpc}", obj)
+        assert (reply.status, reply.format) == (400, fmt), (rpc, reply.status)
+        assert reply.body == {"error_code": 42, "error_message": OVER_THE_LIMIT}, rpc
+    reply = await _post_large(api, "/v1/find-coordinator", {"keys": [f"{huge}:{TOPIC}:0"]})
+    assert (reply.status, reply.body["error_code"]) == (400, 42)
+    assert reply.body["error_message"] == (
+        "keys[0]: its group id: 1048576 bytes, over the limit of 255 (max_group_id_bytes)"
+    )
+    assert await appended(api) == 0
+
+
+async def test_a_group_id_of_exactly_the_limit_in_utf8_bytes_works_everywhere(serve, fmt):
+    api = (await serve()).api(fmt)
+    group = "€" * 85  # 85 characters, 255 bytes
+    obj = {**_topic([_entry("initialize", 0)]), "group_id": group}
+    assert await api.codes("initialize", obj) == [0]
+    for rpc in RPCS:
+        assert await api.codes(rpc, {**_topic([_entry(rpc, 0)]), "group_id": group}) == [0], rpc
+    assert (await api.admin_state(group, TOPIC, 0)).status == 404  # deleted just now
+    reply = await api.post("/v1/find-coordinator", {"keys": [f"{group}:{TOPIC}:0"]})
+    assert reply.body["coordinators"][0]["error_code"] == 0
+    # One byte more is over, in every place that takes a group id.
+    over = group + "g"
+    reply = await api.rpc_reply("read", {**_topic([read_entry(0)]), "group_id": over})
+    assert (reply.status, reply.body["error_message"]) == (
+        400,
+        "group_id: 256 bytes, over the limit of 255 (max_group_id_bytes)",
+    )
+    reply = await api.admin_state(over, TOPIC, 0)
+    assert (reply.status, reply.body["error_code"]) == (400, 42)
+    assert reply.body["error_message"] == (
+        "query parameter group_id: 256 bytes, over the limit of 255 (max_group_id_bytes)"
+    )
+
+
+async def test_max_group_id_bytes_sets_the_limit(serve, fmt):
+    api = (await serve(max_group_id_bytes=4)).api(fmt)
+    assert await api.codes("initialize", {**_topic([init_entry(0)]), "group_id": "éé"}) == [0]
+    reply = await api.rpc_reply("initialize", {**_topic([init_entry(0)]), "group_id": "ééé"})
+    assert reply.body["error_message"] == (
+        "group_id: 6 bytes, over the limit of 4 (max_group_id_bytes)"
+    )
+
+
 # --- 413 and 415 ----------------------------------------------------------------------------
 
 LIMIT = 2048
