@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from persistence import FileOps, GroupCommitter, StateLog
 from protocol import codec, errors
@@ -77,6 +77,10 @@ class Coordinator:
     service: CoordinatorService | None = None
     log: StateLog | None = None
     started_at: float = field(default_factory=time.monotonic)
+    # The bodies of the requests waiting for the rest of them, and whether the daemon
+    # stopped reading bodies (stop_reading_bodies).
+    reading_bodies: set[StreamReader] = field(default_factory=set)
+    stopped_reading: bool = False
 
     @property
     def limits(self) -> codec.Limits:
@@ -91,6 +95,17 @@ class Coordinator:
         self.cluster = cluster
         if self.service is not None:
             self.service.cluster = cluster
+
+    def stop_reading_bodies(self) -> int:
+        """At SIGTERM: cut every request still waiting for its body, and every one that
+        starts waiting from now on, instead of waiting for them (up to the request
+        timeout) within the shutdown timeout. They were never answered and are counted
+        as cut off; their connections close. Returns how many were waiting."""
+        self.stopped_reading = True
+        for body in self.reading_bodies:
+            # What aiohttp itself does to a request at the end of the shutdown timeout.
+            body.set_exception(asyncio.CancelledError())
+        return len(self.reading_bodies)
 
     def require_service(self) -> CoordinatorService:
         if self.service is None:  # pragma: no cover - handlers run after startup
@@ -269,8 +284,11 @@ def _unauthorized(request: web.Request, coordinator: Coordinator) -> web.Respons
 # --- request bodies -------------------------------------------------------------------
 
 
-async def _read_body(request: web.Request, config: ServeConfig) -> tuple[bytes, Format, Format]:
+async def _read_body(
+    request: web.Request, coordinator: Coordinator
+) -> tuple[bytes, Format, Format]:
     """The body and its format, and the answer's format; 415 / 413 as docs/api.md says."""
+    config = coordinator.config
     content_type = request.headers.get("Content-Type")
     fmt = codec.format_of(content_type)
     if fmt is None:
@@ -298,9 +316,7 @@ async def _read_body(request: web.Request, config: ServeConfig) -> tuple[bytes, 
         if request.content.is_eof():
             body = await request.read()  # all there already: no deadline needed
         else:
-            # A client that stops sending must not hold the connection and this handler
-            # forever (aiohttp itself only times out idle keep-alive connections).
-            body = await asyncio.wait_for(request.read(), timeout)
+            body = await _read_the_rest(request, coordinator, timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
     except web.RequestPayloadError as exc:
@@ -338,6 +354,20 @@ async def _read_body(request: web.Request, config: ServeConfig) -> tuple[bytes, 
         request.content.feed_eof()
         raise error from None
     return body, fmt, out
+
+
+async def _read_the_rest(request: web.Request, coordinator: Coordinator, timeout: float) -> bytes:
+    """A body still arriving: within the request timeout (a client that stops sending
+    must not hold the connection and this handler forever; aiohttp itself only times out
+    idle keep-alive connections), and not past SIGTERM (``stop_reading_bodies``)."""
+    if coordinator.stopped_reading:
+        raise asyncio.CancelledError()  # as stop_reading_bodies cuts those it found
+    reading = coordinator.reading_bodies
+    reading.add(request.content)
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    finally:
+        reading.discard(request.content)
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -394,13 +424,12 @@ def _rpc_handler(
     refused = metrics.rpc_requests.labels(name, errors.INVALID_REQUEST)
     latency = metrics.rpc_latency.labels(name)
     limits = coordinator.limits
-    config = coordinator.config
 
     @_handles_http_errors
     async def handle_rpc(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            body, fmt, out = await _read_body(request, config)
+            body, fmt, out = await _read_body(request, coordinator)
         except _HTTPError:  # 413 / 415: refused bodies, as a 400 is
             refused.inc()
             raise
@@ -422,7 +451,7 @@ def _rpc_handler(
 @_handles_http_errors
 async def handle_find_coordinator(request: web.Request) -> web.StreamResponse:
     coordinator = request.app[COORDINATOR]
-    body, fmt, out = await _read_body(request, coordinator.config)
+    body, fmt, out = await _read_body(request, coordinator)
     try:
         decoded = codec.decode_find_coordinator(body, fmt, coordinator.limits)
     except BodyError as exc:
@@ -497,7 +526,7 @@ def _query_int32(query: Any, name: str) -> int:
 
 @_handles_http_errors
 async def handle_register_topic(request: web.Request) -> web.StreamResponse:
-    body, fmt, out = await _read_body(request, request.app[COORDINATOR].config)
+    body, fmt, out = await _read_body(request, request.app[COORDINATOR])
     try:
         _, topic_id, partition_count = codec.decode_topic_registration(body, fmt)
     except BodyError as exc:

@@ -615,6 +615,26 @@ async def test_a_body_that_never_arrives_is_cut_off_after_the_request_timeout(se
     assert await served.api().codes("read-summary", _topic([read_entry(0)])) == [0]
 
 
+async def test_once_the_daemon_stops_reading_bodies_a_body_still_arriving_is_cut(serve):
+    """At SIGTERM the daemon stops reading bodies (server.daemon): a request whose body
+    has not all arrived is cut, not answered, however long the request timeout; one whose
+    body is all there is still served."""
+    served = await serve(request_timeout_s=600)
+    assert served.coordinator.stop_reading_bodies() == 0  # nobody was waiting
+    reader, writer = await asyncio.open_connection("127.0.0.1", served.server.port)
+    try:
+        writer.write(
+            b"POST /v1/share-group-state/read HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        await writer.drain()
+        # Generous: only a daemon that waits for the body (600 s) fails, at the deadline.
+        assert await asyncio.wait_for(reader.read(), timeout=60) == b""  # closed, no answer
+    finally:
+        writer.close()
+    assert await served.api().codes("read-summary", _topic([read_entry(0)])) == [0]
+
+
 async def test_the_default_body_limit_is_4_mib(serve, fmt):
     api = (await serve()).api(fmt)
     headers = {"Content-Type": MEDIA[fmt]}
