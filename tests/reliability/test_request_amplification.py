@@ -122,7 +122,7 @@ class Wire:
             return encode(obj, self.name)
         framer = self.kio.KafkaClient(None, None)  # framing only, no connection
         frame, _ = framer.frame(self.kio.share_request(rpc, obj), self.CORRELATION_ID)
-        return frame[4:]  # type: ignore[no-any-return]
+        return frame[4:]
 
     async def call(self, rpc: str, obj: dict[str, Any]) -> int:
         """Send one RPC, assert every entry succeeded; the body's size."""
@@ -149,7 +149,7 @@ class Wire:
 
     def _kafka_answer(self, rpc: str, obj: dict[str, Any], frame: bytes) -> dict[str, Any]:
         request = self.kio.share_request(rpc, obj)
-        return self.kio.as_http(self.client.decode(request, frame, self.CORRELATION_ID))  # type: ignore[no-any-return]
+        return self.kio.as_http(self.client.decode(request, frame, self.CORRELATION_ID))
 
     async def close(self) -> None:
         if self.client is not None:
@@ -344,11 +344,23 @@ async def test_what_share_partitions_of_the_longest_group_id_hold(
     """docs/api.md: a share-partition the daemon knows holds about 700 + 2·G bytes; 20
     initializes of 5000 new keys each (the most a request can make) with a 255-byte group
     id, then a restart that loads them: the resident set grows by less than 1.5 times
-    that, per key, both times (before the limit, 500 keys of a 1 MiB group id held 1 GB
-    after a restart)."""
+    that, per key, both times. The request that, before the limit, made 500 keys of a
+    1 MiB group id (1 GB held after a restart) is refused first."""
     data_dir = tmp_path / "data"
     daemon = await spawn(data_dir)
     fresh = await asyncio.to_thread(rss_bytes, daemon.pid)
+    # The request that held 1 GB after a restart: a 1 MiB group id, 500 entries.
+    huge = request(
+        "g" * (1 << 20), [{"partition": p, "state_epoch": 0, "start_offset": 0} for p in range(500)]
+    )
+    raw = io.BytesIO(encode(huge, "msgpack"))
+    reply = await Api(session, daemon.url).request(
+        "POST",
+        "/v1/share-group-state/initialize",
+        data=raw,
+        headers={"Content-Type": MEDIA["msgpack"]},
+    )
+    assert (reply.status, reply.body["error_code"]) == (400, 42), reply.status
     wire = await Wire.open("msgpack", daemon, session)
     group = longest_group("msgpack")
     requests = 20
