@@ -399,7 +399,8 @@ def decode_find_coordinator(
 
 def check_coordinator_keys(keys: list[str], limits: Limits) -> None:
     """The limits of a find-coordinator request: how many keys, and each key's group id
-    part (what precedes its first ``:``). Raises ``BodyError``."""
+    part (what precedes its last two ``:``, the whole key without them). Raises
+    ``BodyError``."""
     if len(keys) > limits.max_entries_per_request:
         raise BodyError(
             "keys", f"{len(keys)} keys, more than the limit of {limits.max_entries_per_request}"
@@ -408,7 +409,7 @@ def check_coordinator_keys(keys: list[str], limits: Limits) -> None:
     for i, key in enumerate(keys):
         if len(key) * 4 <= limit:  # its group id part is within the limit, whatever it is
             continue
-        size = _bytes_over(key.partition(":")[0], limit)
+        size = _bytes_over(key.rsplit(":", 2)[0], limit)
         if size is not None:
             raise BodyError(f"keys[{i}]", "its group id: " + _over_group_id_limit(size, limits))
 
