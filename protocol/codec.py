@@ -409,7 +409,8 @@ def check_coordinator_keys(keys: list[str], limits: Limits) -> None:
     for i, key in enumerate(keys):
         if len(key) * 4 <= limit:  # its group id part is within the limit, whatever it is
             continue
-        size = _bytes_over(key.rsplit(":", 2)[0], limit)
+        # As the key's parsing splits it (protocol.routing): trailing ':' dropped.
+        size = _bytes_over(key.rstrip(":").rsplit(":", 2)[0], limit)
         if size is not None:
             raise BodyError(f"keys[{i}]", "its group id: " + _over_group_id_limit(size, limits))
 
