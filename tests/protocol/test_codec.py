@@ -364,7 +364,7 @@ def test_response_round_trip(rpc: Rpc, fmt: Format, data: st.DataObject) -> None
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@given(keys=st.lists(st.text().filter(lambda k: key_within_group_id_limit(k))))
+@given(keys=st.lists(st.text().filter(key_within_group_id_limit)))
 def test_find_coordinator_round_trip(fmt: Format, keys: list[str]) -> None:
     request = FindCoordinatorRequest(keys)
     assert decode_find_coordinator(encode_find_coordinator(request, fmt), fmt) == request
