@@ -10,8 +10,9 @@ and checks every type and width in one pass. A body it refuses is explained by
 ``BodyError`` (HTTP 400, code 42), whatever the bytes are. Then one pass over the
 decoded request (``prepare_request``) does what a schema cannot say:
 
-1. ``Limits``: entries per request (partition entries, counting a topic without any as
-   one) and state batches per entry; over a limit, the whole body is refused.
+1. ``Limits``: the group id's length in UTF-8 bytes, entries per request (partition
+   entries, counting a topic without any as one) and state batches per entry; over a
+   limit, the whole body is refused.
 2. Each topic id is a Kafka Uuid in either spelling; its canonical 22-character form
    goes on the topic as ``key_topic_id``.
 3. The edge checks of docs/semantics.md §A: a well-typed entry that fails one is not refused with
@@ -56,13 +57,15 @@ from protocol.messages import (
     WritePartition,
 )
 from protocol.topic_id import canonical_topic_id
-from protocol.widths import TOPIC_ID_EXPECTED
+from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES, TOPIC_ID_EXPECTED
 
 __all__ = [
     "DEFAULT_LIMITS",
     "BodyError",
     "Format",
     "Limits",
+    "check_coordinator_keys",
+    "check_group_id",
     "decode_body",
     "decode_find_coordinator",
     "decode_request",
@@ -141,10 +144,35 @@ def _q_value(params: str) -> float:
 
 @dataclass(frozen=True)
 class Limits:
-    """Request size limits beyond the byte limit (docs/api.md "Security")."""
+    """Request size limits beyond the byte limit (docs/api.md "Limits")."""
 
     max_entries_per_request: int = 5000
     max_state_batches_per_entry: int = 10000
+    max_group_id_bytes: int = DEFAULT_MAX_GROUP_ID_BYTES
+
+
+def check_group_id(group_id: str, limits: Limits) -> None:
+    """Refuse a group id longer than ``max_group_id_bytes`` in UTF-8 (``BodyError``).
+
+    Every record of the log repeats its key's group id, and the daemon holds it for
+    every share-partition it knows: this limit is what bounds a request's records by
+    the size of its body (docs/api.md "Limits")."""
+    size = _bytes_over(group_id, limits.max_group_id_bytes)
+    if size is not None:
+        raise BodyError("group_id", _over_group_id_limit(size, limits))
+
+
+def _bytes_over(text: str, limit: int) -> int | None:
+    """The UTF-8 size of ``text`` if it is over ``limit``, else None."""
+    # A character is 1 to 4 bytes in UTF-8: most texts are decided without encoding.
+    if len(text) * 4 <= limit:
+        return None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > limit else None
+
+
+def _over_group_id_limit(size: int, limits: Limits) -> str:
+    return f"{size} bytes, over the limit of {limits.max_group_id_bytes} (max_group_id_bytes)"
 
 
 DEFAULT_LIMITS = Limits()
@@ -237,6 +265,7 @@ def prepare_request(
 ) -> None:
     """The pass over a decoded request that a schema cannot express (module docstring,
     points 1-4). Raises ``BodyError`` for what refuses the whole body."""
+    check_group_id(request.group_id, limits)
     topics = request.topics
     entries = 0
     for ti, topic in enumerate(topics):
@@ -364,12 +393,26 @@ def decode_find_coordinator(
 ) -> FindCoordinatorRequest:
     """``{"keys": [str, ...]}``. The keys are not parsed here: a bad one fails alone."""
     request = decode_body(FindCoordinatorRequest, body, fmt)
-    if len(request.keys) > limits.max_entries_per_request:
-        raise BodyError(
-            "keys",
-            f"{len(request.keys)} keys, more than the limit of {limits.max_entries_per_request}",
-        )
+    check_coordinator_keys(request.keys, limits)
     return request
+
+
+def check_coordinator_keys(keys: list[str], limits: Limits) -> None:
+    """The limits of a find-coordinator request: how many keys, and each key's group id
+    part (what precedes its last two ``:``, the whole key without them). Raises
+    ``BodyError``."""
+    if len(keys) > limits.max_entries_per_request:
+        raise BodyError(
+            "keys", f"{len(keys)} keys, more than the limit of {limits.max_entries_per_request}"
+        )
+    limit = limits.max_group_id_bytes
+    for i, key in enumerate(keys):
+        if len(key) * 4 <= limit:  # its group id part is within the limit, whatever it is
+            continue
+        # As the key's parsing splits it (protocol.routing): trailing ':' dropped.
+        size = _bytes_over(key.rstrip(":").rsplit(":", 2)[0], limit)
+        if size is not None:
+            raise BodyError(f"keys[{i}]", "its group id: " + _over_group_id_limit(size, limits))
 
 
 def decode_topic_registration(body: bytes, fmt: Format) -> tuple[str, str, int]:

@@ -34,6 +34,7 @@ from typing import Any
 
 from protocol.shard import MAX_RECORDS_PER_SNAPSHOT
 from protocol.topic_id import canonical_topic_id
+from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES
 from server.cluster import (
     MAX_PARTITIONS,
     ClusterError,
@@ -375,6 +376,16 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         "max_state_batches_per_entry",
         10000,
         "Most state batches in one partition entry of a write.",
+        at_least(1),
+    ),
+    _int(
+        "max_group_id_bytes",
+        DEFAULT_MAX_GROUP_ID_BYTES,
+        "Longest group id accepted, in UTF-8 bytes (400 above; on the Kafka listener the "
+        "connection is closed). Every record of the state log and every share-partition "
+        "the daemon holds repeats its group id, so this bounds what one request can make "
+        "it write and hold. Kafka's group ids are short names (its topic names stop at "
+        "249 characters).",
         at_least(1),
     ),
     _int(
@@ -774,6 +785,7 @@ class ServeConfig:
     max_body_bytes: int
     max_entries_per_request: int
     max_state_batches_per_entry: int
+    max_group_id_bytes: int
     segment_bytes: int
     snapshot_update_records_per_snapshot: int
     state_retention_ms: int

@@ -1,6 +1,7 @@
 """``sharecoord serve``: run the HTTP server on uvloop until SIGTERM or SIGINT.
 
-Shutdown order: stop listening, let the requests in flight finish (up to
+Shutdown order: cut the HTTP requests still waiting for their body (they were never
+answered and may never come), stop listening, let the requests in flight finish (up to
 ``shutdown_timeout_s``; the Kafka listener's first, then HTTP's), then the app's cleanup
 context stops the jobs, commits what is left and closes the log. Exit 0. The last line
 logged says how many requests were drained and whether the final commit made every
@@ -131,7 +132,8 @@ class _InFlight:
                 if self.stopping:
                     if answered:
                         self.drained += 1
-                    else:  # cancelled at the end of --shutdown-timeout-s, or failed
+                    else:  # cut waiting for its body, cancelled at the end of
+                        # --shutdown-timeout-s, or failed
                         self.cut_off += 1
 
         return counted
@@ -193,11 +195,14 @@ async def _serve(
         _settle_garbage_collector()
         await stop.wait()
         in_flight.stopping = True
+        # No waiting, within the shutdown timeout, for bodies that may never come.
+        bodies_cut = coordinator.stop_reading_bodies()
         log_event(
             _log,
             "info",
             "stopping: no new connections; finishing the requests in flight",
             in_flight=in_flight.active + (kafka.in_flight if kafka else 0),
+            bodies_cut=bodies_cut,
         )
     finally:
         if kafka is not None:

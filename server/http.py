@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from persistence import FileOps, GroupCommitter, StateLog
 from protocol import codec, errors
@@ -46,7 +46,7 @@ from protocol.messages import (
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
-from protocol.widths import Int32, NonEmptyString, TopicIdText
+from protocol.widths import GroupId, Int32, TopicIdText
 from server.access_log import access_log_level, access_log_middleware
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
@@ -80,12 +80,17 @@ class Coordinator:
     log: StateLog | None = None
     started_at: float = field(default_factory=time.monotonic)
     offload: Offload = field(default_factory=Offload)
+    # The bodies of the requests waiting for the rest of them, and whether the daemon
+    # stopped reading bodies (stop_reading_bodies).
+    reading_bodies: set[StreamReader] = field(default_factory=set)
+    stopped_reading: bool = False
 
     @property
     def limits(self) -> codec.Limits:
         return codec.Limits(
             max_entries_per_request=self.config.max_entries_per_request,
             max_state_batches_per_entry=self.config.max_state_batches_per_entry,
+            max_group_id_bytes=self.config.max_group_id_bytes,
         )
 
     def rebind(self, cluster: ClusterMap) -> None:
@@ -93,6 +98,17 @@ class Coordinator:
         self.cluster = cluster
         if self.service is not None:
             self.service.cluster = cluster
+
+    def stop_reading_bodies(self) -> int:
+        """At SIGTERM: cut every request still waiting for its body, and every one that
+        starts waiting from now on, instead of waiting for them (up to the request
+        timeout) within the shutdown timeout. They were never answered and are counted
+        as cut off; their connections close. Returns how many were waiting."""
+        self.stopped_reading = True
+        for body in self.reading_bodies:
+            # What aiohttp itself does to a request at the end of the shutdown timeout.
+            body.set_exception(asyncio.CancelledError())
+        return len(self.reading_bodies)
 
     def require_service(self) -> CoordinatorService:
         if self.service is None:  # pragma: no cover - handlers run after startup
@@ -271,8 +287,11 @@ def _unauthorized(request: web.Request, coordinator: Coordinator) -> web.Respons
 # --- request bodies -------------------------------------------------------------------
 
 
-async def _read_body(request: web.Request, config: ServeConfig) -> tuple[bytes, Format, Format]:
+async def _read_body(
+    request: web.Request, coordinator: Coordinator
+) -> tuple[bytes, Format, Format]:
     """The body and its format, and the answer's format; 415 / 413 as docs/api.md says."""
+    config = coordinator.config
     content_type = request.headers.get("Content-Type")
     fmt = codec.format_of(content_type)
     if fmt is None:
@@ -300,9 +319,7 @@ async def _read_body(request: web.Request, config: ServeConfig) -> tuple[bytes, 
         if request.content.is_eof():
             body = await request.read()  # all there already: no deadline needed
         else:
-            # A client that stops sending must not hold the connection and this handler
-            # forever (aiohttp itself only times out idle keep-alive connections).
-            body = await asyncio.wait_for(request.read(), timeout)
+            body = await _read_the_rest(request, coordinator, timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
     except web.RequestPayloadError as exc:
@@ -340,6 +357,20 @@ async def _read_body(request: web.Request, config: ServeConfig) -> tuple[bytes, 
         request.content.feed_eof()
         raise error from None
     return body, fmt, out
+
+
+async def _read_the_rest(request: web.Request, coordinator: Coordinator, timeout: float) -> bytes:
+    """A body still arriving: within the request timeout (a client that stops sending
+    must not hold the connection and this handler forever; aiohttp itself only times out
+    idle keep-alive connections), and not past SIGTERM (``stop_reading_bodies``)."""
+    if coordinator.stopped_reading:
+        raise asyncio.CancelledError()  # as stop_reading_bodies cuts those it found
+    reading = coordinator.reading_bodies
+    reading.add(request.content)
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    finally:
+        reading.discard(request.content)
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -396,13 +427,12 @@ def _rpc_handler(
     refused = metrics.rpc_requests.labels(name, errors.INVALID_REQUEST)
     latency = metrics.rpc_latency.labels(name)
     limits = coordinator.limits
-    config = coordinator.config
 
     @_handles_http_errors
     async def handle_rpc(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            body, fmt, out = await _read_body(request, config)
+            body, fmt, out = await _read_body(request, coordinator)
         except _HTTPError:  # 413 / 415: refused bodies, as a 400 is
             refused.inc()
             raise
@@ -429,7 +459,7 @@ def _rpc_handler(
 @_handles_http_errors
 async def handle_find_coordinator(request: web.Request) -> web.StreamResponse:
     coordinator = request.app[COORDINATOR]
-    body, fmt, out = await _read_body(request, coordinator.config)
+    body, fmt, out = await _read_body(request, coordinator)
     try:
         decoded = codec.decode_find_coordinator(body, fmt, coordinator.limits)
     except BodyError as exc:
@@ -441,14 +471,15 @@ async def handle_find_coordinator(request: web.Request) -> web.StreamResponse:
 async def handle_admin_state(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
     query = request.query
+    coordinator = request.app[COORDINATOR]
     try:
-        group_id = _query_str(query, "group_id")
+        group_id = _query_group_id(query, coordinator.limits)
         spelled = _query_str(query, "topic_id")
         topic_id = _query_topic_id(spelled)
         partition = _query_int32(query, "partition")
     except ValueError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), fmt)
-    service = request.app[COORDINATOR].require_service()
+    service = coordinator.require_service()
     try:
         state = await service.admin_state(ShareKey(group_id, topic_id, partition))
     except ServiceError as exc:
@@ -475,6 +506,15 @@ def _query_topic_id(spelled: str) -> str:
         raise ValueError(f"query parameter topic_id: {exc}, got {spelled!r}") from None
 
 
+def _query_group_id(query: Any, limits: codec.Limits) -> str:
+    group_id = _query_str(query, "group_id")
+    try:
+        codec.check_group_id(group_id, limits)
+    except BodyError as exc:
+        raise ValueError(f"query parameter {exc}") from None
+    return group_id
+
+
 def _query_str(query: Any, name: str) -> str:
     value = query.get(name)
     if value is None or value == "":
@@ -494,7 +534,7 @@ def _query_int32(query: Any, name: str) -> int:
 
 @_handles_http_errors
 async def handle_register_topic(request: web.Request) -> web.StreamResponse:
-    body, fmt, out = await _read_body(request, request.app[COORDINATOR].config)
+    body, fmt, out = await _read_body(request, request.app[COORDINATOR])
     try:
         _, topic_id, partition_count = codec.decode_topic_registration(body, fmt)
     except BodyError as exc:
@@ -792,7 +832,7 @@ def _rpc_route(rpc: Rpc, kafka_name: str, result: type[AnyPartitionResult]) -> R
 
 
 _KEY_PARAMS = (
-    Param("group_id", NonEmptyString),
+    Param("group_id", GroupId),
     Param("topic_id", TopicIdText),
     Param("partition", Int32),
 )

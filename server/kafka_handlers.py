@@ -24,7 +24,7 @@ from protocol import errors
 from protocol import kafka_control as control
 from protocol import kafka_messages as km
 from protocol import kafka_wire as wire
-from protocol.codec import BodyError, Limits, prepare_request
+from protocol.codec import BodyError, Limits, check_coordinator_keys, prepare_request
 from protocol.kafka_wire import Reader, WireError
 from protocol.messages import FindCoordinatorRequest, Rpc, ShareGroupStateResponse
 from protocol.sasl import SaslFailed
@@ -204,8 +204,10 @@ class KafkaApi:
     def _find_coordinator(self, version: int, correlation_id: int, reader: Reader) -> bytes:
         query = control.decode_find_coordinator(version, reader)
         reader.expect_end()
-        if len(query.keys) > self._limits.max_entries_per_request:
-            raise WireError("more coordinator keys than --max-entries-per-request")
+        try:
+            check_coordinator_keys(query.keys, self._limits)
+        except BodyError as exc:
+            raise WireError(str(exc)) from None
         answers = [self._coordinator(version, query.key_type, key) for key in query.keys]
         if query.key_type == control.SHARE_KEY and version >= control.MIN_SHARE_KEY_VERSION:
             found = self._service().find_coordinator(FindCoordinatorRequest(query.keys))
@@ -308,12 +310,14 @@ class KafkaApi:
         limits = self._limits
         budget = km.Budget(limits.max_entries_per_request, limits.max_state_batches_per_entry)
         request = km.decode_state_request(rpc, version, reader, budget)
+        try:
+            # Before the empty check: a group id over the limit closes the connection
+            # whatever else the request holds, as on HTTP it refuses the body.
+            prepare_request(rpc, request, limits)
+        except BodyError as exc:  # topic ids are always well-formed here; entries were counted
+            raise WireError(str(exc)) from None
         if km.is_empty_request(request):
             return None
-        try:
-            prepare_request(rpc, request, limits)
-        except BodyError as exc:  # topic ids are always well-formed here; limits were counted
-            raise WireError(str(exc)) from None
         return request
 
     def _empty_answer(self, rpc: Rpc, version: int, correlation_id: int) -> bytes:

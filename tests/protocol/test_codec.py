@@ -284,6 +284,19 @@ REQUEST_PARTITIONS: dict[Rpc, st.SearchStrategy[Any]] = {
 }
 
 
+def within_group_id_limit(text: str) -> bool:
+    return len(text.encode("utf-8")) <= DEFAULT_LIMITS.max_group_id_bytes
+
+
+def key_within_group_id_limit(key: str) -> bool:
+    """A coordinator key's group id part is what precedes its last two ':' (trailing ':'
+    dropped, as the key's parsing does)."""
+    return within_group_id_limit(key.rstrip(":").rsplit(":", 2)[0])
+
+
+GROUP_IDS = st.text(min_size=1).filter(within_group_id_limit)
+
+
 @st.composite
 def requests(draw: st.DrawFn, rpc: Rpc) -> ShareGroupStateRequest[Any]:
     topics = []
@@ -293,7 +306,7 @@ def requests(draw: st.DrawFn, rpc: Rpc) -> ShareGroupStateRequest[Any]:
         topic = TopicRequest(spelled, partitions)
         topic.key_topic_id = canonical
         topics.append(topic)
-    return ShareGroupStateRequest(draw(st.text(min_size=1)), topics)
+    return ShareGroupStateRequest(draw(GROUP_IDS), topics)
 
 
 any_batches = st.lists(
@@ -351,7 +364,7 @@ def test_response_round_trip(rpc: Rpc, fmt: Format, data: st.DataObject) -> None
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@given(keys=st.lists(st.text()))
+@given(keys=st.lists(st.text().filter(key_within_group_id_limit)))
 def test_find_coordinator_round_trip(fmt: Format, keys: list[str]) -> None:
     request = FindCoordinatorRequest(keys)
     assert decode_find_coordinator(encode_find_coordinator(request, fmt), fmt) == request
@@ -862,8 +875,56 @@ def test_more_state_batches_than_the_limit_is_a_body_error(fmt: Format) -> None:
     assert exc.problem == "3 state batches, more than the limit of 2"
 
 
-def test_default_limits_are_5000_entries_and_10000_batches() -> None:
-    assert Limits() == Limits(max_entries_per_request=5000, max_state_batches_per_entry=10000)
+def test_default_limits_are_5000_entries_10000_batches_and_255_byte_group_ids() -> None:
+    assert Limits() == Limits(
+        max_entries_per_request=5000, max_state_batches_per_entry=10000, max_group_id_bytes=255
+    )
+
+
+# A group id of exactly 255 bytes, in each width UTF-8 has: 1, 2, 3 and 4 bytes a character.
+GROUP_IDS_AT_THE_LIMIT = ["g" * 255, "é" * 127 + "g", "€" * 85, "𝄞" * 63 + "ggg"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rpc", list(Rpc))
+@pytest.mark.parametrize("group_id", GROUP_IDS_AT_THE_LIMIT, ids=["1", "2", "3", "4"])
+def test_a_group_id_of_exactly_the_limit_in_utf8_bytes_is_accepted(
+    group_id: str, rpc: Rpc, fmt: Format
+) -> None:
+    assert len(group_id.encode()) == 255
+    obj = body(rpc)
+    obj["group_id"] = group_id
+    assert decode_request(rpc, encode(obj, fmt), fmt).group_id == group_id
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rpc", list(Rpc))
+@pytest.mark.parametrize("group_id", GROUP_IDS_AT_THE_LIMIT, ids=["1", "2", "3", "4"])
+def test_a_group_id_one_byte_over_the_limit_is_a_body_error_naming_the_limit(
+    group_id: str, rpc: Rpc, fmt: Format
+) -> None:
+    obj = body(rpc)
+    obj["group_id"] = group_id + "g"
+    exc = body_error(lambda: decode_request(rpc, encode(obj, fmt), fmt), "group_id")
+    assert exc.problem == "256 bytes, over the limit of 255 (max_group_id_bytes)"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_group_id_limit_counts_utf8_bytes_not_characters(fmt: Format) -> None:
+    limits = Limits(max_group_id_bytes=8)
+    obj = body(Rpc.READ)
+    obj["group_id"] = "€€€"  # 3 characters, 9 bytes
+    exc = body_error(lambda: decode_request(Rpc.READ, encode(obj, fmt), fmt, limits), "group_id")
+    assert exc.problem == "9 bytes, over the limit of 8 (max_group_id_bytes)"
+    obj["group_id"] = "€€gg"  # 4 characters, 8 bytes
+    assert decode_request(Rpc.READ, encode(obj, fmt), fmt, limits).group_id == "€€gg"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_group_id_over_the_limit_is_refused_even_without_topics(fmt: Format) -> None:
+    obj = {"group_id": "g" * (1 << 20), "topics": []}
+    exc = body_error(lambda: decode_request(Rpc.WRITE, encode(obj, fmt), fmt), "group_id")
+    assert exc.problem == "1048576 bytes, over the limit of 255 (max_group_id_bytes)"
 
 
 # --- edge checks: the entry fails alone with 42 ---------------------------------------
@@ -1165,6 +1226,26 @@ def test_more_find_coordinator_keys_than_the_limit_is_a_body_error() -> None:
         "keys",
     )
     assert exc.problem == "3 keys, more than the limit of 2"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_find_coordinator_key_whose_group_id_is_over_the_limit_is_a_body_error(
+    fmt: Format,
+) -> None:
+    at_the_limit = [
+        "€" * 85 + f":{TOPIC}:0",
+        "g" * 255,  # no ':': all of it is the group id part
+        "g" * 255 + ":" + "x" * 1000,
+        "g:" * 127 + f"g:{TOPIC}:0",  # a ':' before the last two is the group id's
+        "g" * 255 + f":{TOPIC}:0:::",  # trailing ':' are no part at all
+    ]
+    assert decode_find_coordinator(encode({"keys": at_the_limit}, fmt), fmt).keys == at_the_limit
+    for over in ["€" * 85 + "g" + f":{TOPIC}:0", "g" * 256, "g:" * 128 + f":{TOPIC}:0"]:
+        keys = ["g:t:0", over]
+        exc = body_error(
+            lambda keys=keys: decode_find_coordinator(encode({"keys": keys}, fmt), fmt), "keys[1]"
+        )
+        assert exc.problem.startswith("its group id: 256 bytes, over the limit of 255"), over
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -115,11 +115,14 @@ class Daemon:
         return self.wait()
 
     def wait(self, timeout: float = STOP_TIMEOUT_S) -> int:
-        try:
-            return self.process.wait(timeout)
-        finally:
-            if self.process.stdout is not None:
-                self.process.stdout.close()
+        """The exit code; raises TimeoutExpired if the process still runs after
+        ``timeout`` (the ``daemons`` fixture kills it then)."""
+        code = self.process.wait(timeout)
+        # Only now: closing the pipe while the process lives blocks on the reading
+        # thread (_pump), which holds the file's lock until the process writes or exits.
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return code
 
     def stderr_text(self) -> str:
         return self.stderr_path.read_text(errors="replace")

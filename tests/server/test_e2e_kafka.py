@@ -175,6 +175,9 @@ async def test_empty_group_topics_or_partitions_get_an_empty_answer(kafka):
         await client.close()
 
 
+RPCS = ("initialize", "read", "write", "delete", "read-summary")
+
+
 def _entry(rpc: str, p: int) -> dict[str, Any]:
     return {
         "initialize": init_entry(p),
@@ -294,6 +297,40 @@ async def test_what_kafka_closes_the_connection_for(kafka, session, what, frame)
         + metric_value(text, "sharecoord_kafka_connections_closed_total", reason="too_large")
         >= 1
     )
+
+
+async def test_a_group_id_over_the_limit_closes_the_connection_as_other_limits_do(kafka, session):
+    """docs/api.md "The Kafka listener": more than a limit allows closes the connection,
+    nothing run; the group id limit (255 UTF-8 bytes) is one of them, in every RPC and in
+    FindCoordinator's keys. Exactly the limit is served."""
+    daemon, _, _ = kafka
+    at_the_limit = "€" * 85  # 255 bytes
+    client = await connect(kafka)
+    try:
+        request = body(at_the_limit, (TOPIC, [init_entry(0)]))
+        assert (await client.rpc("initialize", request))["results"][0]["partitions"][0] == {
+            "partition": 0, "error_code": 0, "error_message": None,
+        }  # fmt: skip
+        fc6 = message_class("find_coordinator", 6, "request")
+        keys = (f"{at_the_limit}:{TOPIC}:0",)
+        (found,) = (await client.send(fc6(key_type=2, coordinator_keys=keys))).coordinators
+        assert int(found.error_code) == 0
+    finally:
+        await client.close()
+    over = at_the_limit + "g"
+    requests = [share_request(rpc, body(over, (TOPIC, [_entry(rpc, 0)]))) for rpc in RPCS]
+    requests.append(share_request("write", body(over)))  # no topics: still over the limit
+    requests.append(fc6(key_type=2, coordinator_keys=(f"{over}:{TOPIC}:0",)))
+    for request in requests:
+        client = await connect(kafka)
+        client.writer.write(client.frame(request)[0])
+        assert await client.closed_by_peer(), request
+        await client.close()
+    text = await Api(session, daemon.url).metrics()
+    closed = metric_value(text, "sharecoord_kafka_connections_closed_total", reason="malformed")
+    assert closed == len(requests)
+    reply = await Api(session, daemon.url).request("GET", "/v1/admin/partitions")
+    assert sum(p["log_end_offset"] for p in reply.body["partitions"]) == 1  # the initialize
 
 
 async def test_metrics_count_kafka_requests_by_api_version_and_outcome(kafka, session):
