@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from protocol.shard import MAX_RECORDS_PER_SNAPSHOT
+from protocol.shard import DEFAULT_MAX_STATE_BATCHES, MAX_RECORDS_PER_SNAPSHOT
 from protocol.topic_id import canonical_topic_id
 from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES
 from server.cluster import (
@@ -376,6 +376,16 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         "max_state_batches_per_entry",
         10000,
         "Most state batches in one partition entry of a write.",
+        at_least(1),
+    ),
+    _int(
+        "max_state_batches_per_share_partition",
+        DEFAULT_MAX_STATE_BATCHES,
+        "Most state batches a share-partition's state may hold: a write that would leave "
+        "more is refused (42). A snapshot writes the whole state, so this bounds what one "
+        "write can make the daemon write and hold; a share-partition leader keeps at most "
+        "its record locks in flight (Kafka's group.share.partition.max.record.locks, 2,000 "
+        "by default).",
         at_least(1),
     ),
     _int(
@@ -785,6 +795,7 @@ class ServeConfig:
     max_body_bytes: int
     max_entries_per_request: int
     max_state_batches_per_entry: int
+    max_state_batches_per_share_partition: int
     max_group_id_bytes: int
     segment_bytes: int
     snapshot_update_records_per_snapshot: int

@@ -637,6 +637,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         shard_config = ShardConfig(
             records_per_snapshot=config.snapshot_update_records_per_snapshot,
             cold_partition_snapshot_interval_ms=config.cold_partition_snapshot_interval_ms,
+            max_state_batches=config.max_state_batches_per_share_partition,
         )
         runtimes: dict[int, PartitionRuntime] = {}
         metrics = coordinator.metrics
