@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import protocol.batches
 from persistence import decode_frame
-from protocol.batches import StateBatch
+from protocol.batches import StateBatch, combine_state_batches
 from protocol.messages import AdminState
 from protocol.records import (
     RecordDecodeError,
@@ -24,6 +25,7 @@ from protocol.records import (
 )
 from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.sealed import RawRecord
+from tests.protocol.batch_shapes import SHAPES
 from tests.spark.histories import (
     BASE_TIME_MS,
     KEYS,
@@ -244,3 +246,30 @@ def test_encode_frames_writes_the_records_as_log_frames() -> None:
     frames = encode_frames(records)
     read = [decode_frame(frame)[0] for frame in frames]
     assert [(r.offset, r.timestamp, r.record_type, r.key, r.value) for r in read] == records
+
+
+def test_folding_updates_of_adversarial_shapes_costs_linear_work(monkeypatch) -> None:
+    """A hand-made log may hold a raw staircase in an update (the daemon writes combined
+    batches): the fold merges it with the daemon's replay, through the sweep, in linear
+    work, and gives Kafka's state."""
+    work: list[int] = []
+    real = protocol.batches.sweep
+
+    def counted(entries):  # type: ignore[no-untyped-def]
+        out, done = real(entries)
+        work.append(done)
+        return out, done
+
+    monkeypatch.setattr(protocol.batches, "sweep", counted)
+    for name, shape in sorted(SHAPES.items()):
+        batches = shape(3_000)
+        work.clear()
+        records = [
+            raw(0, snapshot(state_batches=[])),
+            raw(1, ShareUpdate(KEY, 0, 0, -1, batches, -1)),
+        ]
+        (folded,) = fold_records(records, tombstone_cutoff_ms=NO_CUTOFF).records
+        record = RecordDecoder().decode(folded[2], folded[3], folded[4])
+        assert isinstance(record, ShareSnapshot)
+        assert record.state_batches == combine_state_batches(batches, [], -1), name
+        assert work and max(work) <= 8 * len(batches) + 64, (name, work)
