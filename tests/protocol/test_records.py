@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import msgpack
 import pytest
 from hypothesis import given
@@ -177,3 +180,11 @@ def test_records_row_holds_every_field_and_null_where_the_kind_has_none():
     tombstone = record_row(1, 41, 1_001, ShareTombstone(key))
     assert list(tombstone) == list(update)
     assert tombstone["record_type"] == "ShareTombstone" and tombstone["state_batches"] is None
+
+
+def test_records_fields_are_the_rows_that_docs_api_md_lists():
+    api = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
+    section = api.split("### A record as a row", 1)[1].split("\n#", 1)[0]
+    table = section.split("| field | type | kinds | what it is |", 1)[1].split("\n\n", 1)[0]
+    documented = re.findall(r"^\| `(\w+)` \|", table, flags=re.MULTILINE)
+    assert documented == [f.name for f in FIELDS]
