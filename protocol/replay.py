@@ -14,6 +14,12 @@ import msgspec
 from protocol.batches import StateBatch, is_clean, merge_batches
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
 
+# Kafka's share.coordinator.snapshot.update.records.per.snapshot: default and bound. Only
+# the snapshot-update counter depends on it; a replay that wants the states alone (the
+# tools, the Spark jobs) may take any valid value, and takes the default.
+DEFAULT_RECORDS_PER_SNAPSHOT = 500
+MAX_RECORDS_PER_SNAPSHOT = 500
+
 
 class ShareGroupOffset(msgspec.Struct, frozen=True, gc=False):
     """The stored state of one share-partition (Kafka's ShareGroupOffset). Replaced,
@@ -61,15 +67,40 @@ class KeyState(msgspec.Struct, gc=False):
     snapshot_offset: int | None = None
 
 
-def max_epoch(current: int, fence: int | None) -> int:
+def _max_epoch(current: int, fence: int | None) -> int:
     """The higher of an epoch and a snapshot's fence field (None: no fence)."""
     return current if fence is None or fence < current else fence
 
 
-def max_optional_epoch(current: int | None, epoch: int, fence: int | None) -> int:
-    """``max_epoch`` folded into a maximum that may not exist yet."""
-    best = max_epoch(epoch, fence)
+def _max_optional_epoch(current: int | None, epoch: int, fence: int | None) -> int:
+    """``_max_epoch`` folded into a maximum that may not exist yet."""
+    best = _max_epoch(epoch, fence)
     return best if current is None or current < best else current
+
+
+# The fence rule (docs/semantics.md §2, §4.1-2, §A): a key's fences are the maxima over its
+# history since its last tombstone, which clears them. Fences of (None, None) are a key
+# without state. ShareStateMap keeps them this way, and the compaction fold
+# (spark_jobs/fold.py) takes the fences of the records it folds away by these same two
+# functions.
+
+
+def snapshot_fences(
+    leader_fence: int | None, state_fence: int | None, snapshot: ShareSnapshot
+) -> tuple[int, int]:
+    """A key's (leader fence, state fence) after a snapshot: each the highest of what it
+    was, the snapshot's epoch and its fence field. ``snapshot`` may be anything with a
+    ShareSnapshot's epoch fields (the fold passes the decoded value, batches unread)."""
+    return (
+        _max_optional_epoch(leader_fence, snapshot.leader_epoch, snapshot.fence_leader_epoch),
+        _max_optional_epoch(state_fence, snapshot.state_epoch, snapshot.fence_state_epoch),
+    )
+
+
+def update_leader_fence(leader_fence: int | None, leader_epoch: int) -> int:
+    """A key's leader fence after an update (of that leader epoch). An update leaves the
+    state fence as it was: None for a key that updates alone built."""
+    return leader_epoch if leader_fence is None or leader_fence < leader_epoch else leader_fence
 
 
 class ShareStateMap:
@@ -127,19 +158,11 @@ class ShareStateMap:
         # sharecoord's snapshots carry that history across pruning and compaction (§A).
         entry = self.keys.get(record.key)
         if entry is None:
-            entry = KeyState(
-                state,
-                max_epoch(record.leader_epoch, record.fence_leader_epoch),
-                max_epoch(record.state_epoch, record.fence_state_epoch),
-                key_bytes,
-            )
+            entry = KeyState(state, *snapshot_fences(None, None, record), key_bytes)
             self.keys[record.key] = entry
         else:
-            entry.leader_fence = max_optional_epoch(
-                entry.leader_fence, record.leader_epoch, record.fence_leader_epoch
-            )
-            entry.state_fence = max_optional_epoch(
-                entry.state_fence, record.state_epoch, record.fence_state_epoch
+            entry.leader_fence, entry.state_fence = snapshot_fences(
+                entry.leader_fence, entry.state_fence, record
             )
             entry.state = state
             entry.batches_clean = None
@@ -185,11 +208,11 @@ class ShareStateMap:
                 tuple(record.state_batches),
                 record.delivery_complete_count,
             )
-            entry = KeyState(state, record.leader_epoch, None, key_bytes)
+            entry = KeyState(state, update_leader_fence(None, record.leader_epoch), None, key_bytes)
             entry.update_count = 0
             self.keys[record.key] = entry
             return
-        entry.leader_fence = max(entry.leader_fence, record.leader_epoch)
+        entry.leader_fence = update_leader_fence(entry.leader_fence, record.leader_epoch)
         old = entry.state
         start = old.start_offset if record.start_offset == -1 else record.start_offset
         if merged is None:

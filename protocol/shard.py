@@ -37,11 +37,13 @@ from protocol.messages import (
     WritePartition,
 )
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
-from protocol.replay import KeyState, ShareStateMap
+from protocol.replay import (
+    DEFAULT_RECORDS_PER_SNAPSHOT,
+    MAX_RECORDS_PER_SNAPSHOT,
+    KeyState,
+    ShareStateMap,
+)
 
-# Kafka's share.coordinator.snapshot.update.records.per.snapshot: default and bound.
-DEFAULT_RECORDS_PER_SNAPSHOT = 500
-MAX_RECORDS_PER_SNAPSHOT = 500
 # Kafka's share.coordinator.cold.partition.snapshot.interval.ms.
 DEFAULT_COLD_PARTITION_SNAPSHOT_INTERVAL_MS = 300_000
 # The most state batches a share-partition's state may hold (sharecoord's own bound; see

@@ -32,7 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from protocol.shard import DEFAULT_MAX_STATE_BATCHES, MAX_RECORDS_PER_SNAPSHOT
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, MAX_RECORDS_PER_SNAPSHOT
+from protocol.shard import DEFAULT_MAX_STATE_BATCHES
 from protocol.topic_id import canonical_topic_id
 from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES
 from server.cluster import (
@@ -407,7 +408,7 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
     ),
     _int(
         "snapshot_update_records_per_snapshot",
-        500,
+        DEFAULT_RECORDS_PER_SNAPSHOT,
         "Updates of a key between two snapshots of it (docs/semantics.md §6).",
         between(0, MAX_RECORDS_PER_SNAPSHOT),
         kafka_name="share.coordinator.snapshot.update.records.per.snapshot",

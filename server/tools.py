@@ -21,27 +21,34 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-import msgspec
-
 from persistence import LogError, LogRecord, partition_dir, read_meta, read_partition, verify
 from persistence.journal import JOURNAL_DIR
 from persistence.ownership import describe
 from persistence.statelog import META_FILE, PARTITIONS_DIR
 from protocol.batches import state_name
 from protocol.records import (
+    FIELDS,
+    LOG_OFFSET,
+    RECORD_TYPE,
+    STATE_BATCHES,
+    STATE_PARTITION,
+    TIMESTAMP,
+    TOMBSTONE,
+    VALUE_FIELDS,
+    FieldType,
     Record,
     RecordDecodeError,
     RecordDecoder,
-    ShareSnapshot,
-    ShareTombstone,
-    ShareUpdate,
+    record_row,
 )
-from protocol.replay import ShareStateMap
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
 from server.security import SecurityError, client_ssl_context, load_token
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+# `log dump --json`'s record_type for a frame whose key or value does not decode.
+UNDECODABLE = "undecodable"
 
 
 # --- log dump ---------------------------------------------------------------------------
@@ -78,66 +85,41 @@ def log_dump(data_dir: str, partition: int | None, as_json: bool, out: TextIO = 
 
 
 def _dump_line(partition: int, frame: LogRecord, decoder: RecordDecoder, as_json: bool) -> str:
+    """One record as ``log dump`` prints it: its row (protocol.records.FIELDS) as JSON,
+    or a line for people."""
     try:
         record: Record | None = decoder.decode(frame.record_type, frame.key, frame.value)
         problem = None
     except RecordDecodeError as exc:
         record, problem = None, str(exc)
     if as_json:
-        fields: dict[str, Any] = {
-            "partition": partition,
-            "offset": frame.offset,
-            "timestamp": frame.timestamp,
-        }
         if record is None:
-            fields.update(type="undecodable", error=problem)
+            row: dict[str, Any] = dict.fromkeys(f.name for f in FIELDS)
+            row.update(
+                {
+                    STATE_PARTITION.name: partition,
+                    LOG_OFFSET.name: frame.offset,
+                    TIMESTAMP.name: frame.timestamp,
+                    RECORD_TYPE.name: UNDECODABLE,
+                    "error": problem,
+                }
+            )
         else:
-            fields.update(record_fields(record))
-        return json.dumps(fields, separators=(",", ":"))
+            row = record_row(partition, frame.offset, frame.timestamp, record)
+        return json.dumps(row, separators=(",", ":"))
     when = _iso(frame.timestamp)
     if record is None:
         return f"p={partition} offset={frame.offset} {when} UNDECODABLE {problem}"
     key = f"{record.key.group_id}:{record.key.topic_id}:{record.key.partition}"
-    head = f"p={partition} offset={frame.offset} {when} {type(record).__name__} {key}"
-    if type(record) is ShareTombstone:
+    kind = type(record).__name__
+    head = f"p={partition} offset={frame.offset} {when} {kind} {key}"
+    if kind == TOMBSTONE:
         return head
-    body = record_fields(record)
-    body.pop("type")
-    body.pop("key")
-    batches = body.pop("state_batches")
-    tail = " ".join(f"{k}={v}" for k, v in body.items())
-    return f"{head} {tail} batches=[{', '.join(_batch_text(b) for b in batches)}]"
-
-
-def record_fields(record: Record) -> dict[str, Any]:
-    """A record as plain fields (for ``log dump`` and for people reading tests)."""
-    key = record.key
-    out: dict[str, Any] = {
-        "type": type(record).__name__,
-        "key": {"group_id": key.group_id, "topic_id": key.topic_id, "partition": key.partition},
-    }
-    if type(record) is ShareSnapshot:
-        out.update(
-            snapshot_epoch=record.snapshot_epoch,
-            state_epoch=record.state_epoch,
-            leader_epoch=record.leader_epoch,
-            start_offset=record.start_offset,
-            create_timestamp=record.create_timestamp,
-            write_timestamp=record.write_timestamp,
-            delivery_complete_count=record.delivery_complete_count,
-            fence_leader_epoch=record.fence_leader_epoch,
-            fence_state_epoch=record.fence_state_epoch,
-            state_batches=[msgspec.structs.asdict(b) for b in record.state_batches],
-        )
-    elif type(record) is ShareUpdate:
-        out.update(
-            snapshot_epoch=record.snapshot_epoch,
-            leader_epoch=record.leader_epoch,
-            start_offset=record.start_offset,
-            delivery_complete_count=record.delivery_complete_count,
-            state_batches=[msgspec.structs.asdict(b) for b in record.state_batches],
-        )
-    return out
+    row = record_row(partition, frame.offset, frame.timestamp, record)
+    fields = [f for f in VALUE_FIELDS[kind] if f.type is not FieldType.STATE_BATCHES]
+    tail = " ".join(f"{f.name}={row[f.name]}" for f in sorted(fields, key=FIELDS.index))
+    batches = ", ".join(_batch_text(b) for b in row[STATE_BATCHES.name])
+    return f"{head} {tail} {STATE_BATCHES.name}=[{batches}]"
 
 
 def _batch_text(batch: dict[str, int]) -> str:
@@ -246,7 +228,7 @@ def _summary(problems: list[str], damaged: list[int], checked: int, elsewhere: i
 
 def replay_problem(directory: str) -> str | None:
     """Why the records of a partition directory do not replay, or None."""
-    state = ShareStateMap(records_per_snapshot=500)
+    state = ShareStateMap(DEFAULT_RECORDS_PER_SNAPSHOT)
     decoder = RecordDecoder()
     offset = None
     try:

@@ -23,6 +23,7 @@ from protocol.records import (
     ShareUpdate,
     encode_record,
 )
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
 from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.sealed import RawRecord
 from tests.protocol.batch_shapes import SHAPES
@@ -106,6 +107,28 @@ def test_a_folded_hand_made_log_replays_to_the_same_admin_state(
     for record in folded.records:
         # Kept as it was, or a folded snapshot at its key's last record.
         assert record in records or (record[2] == 0 and record[0] == last[record[3]][0])
+
+
+def fences(records: list[RawRecord]) -> dict[ShareKey, tuple[int, int | None]]:
+    """Each key's (leader fence, state fence) after the daemon's replay of `records`."""
+    state = ShareStateMap(DEFAULT_RECORDS_PER_SNAPSHOT)
+    for offset, record in decoded(records):
+        state.replay(offset, record)
+    return {key: (entry.leader_fence, entry.state_fence) for key, entry in state.keys.items()}
+
+
+@settings(max_examples=500, deadline=None)
+@given(hand_made_records())
+def test_the_fold_and_the_replay_agree_on_every_keys_fences(records: list[RawRecord]) -> None:
+    """One fence rule: compaction must not fence a leader the daemon lets in, nor let in
+    one it fences. Every folded snapshot carries its key's fences as the whole log's
+    replay has them, and the folded log replays to the same fences."""
+    whole = fences(records)
+    folded = fold_records(records, tombstone_cutoff_ms=NO_CUTOFF).records
+    assert fences(folded) == whole
+    for _, record in decoded(folded):
+        if type(record) is ShareSnapshot:
+            assert (record.fence_leader_epoch, record.fence_state_epoch) == whole[record.key]
 
 
 @settings(max_examples=200, deadline=None)
