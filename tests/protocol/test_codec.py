@@ -62,6 +62,7 @@ from protocol.messages import (
     TopicResult,
     WritePartition,
 )
+from tests.hostile_strings import PLACEHOLDER, encode_with, hostile_strings
 
 MSGPACK, JSON = Format.MSGPACK, Format.JSON
 FORMATS = [MSGPACK, JSON]
@@ -915,61 +916,6 @@ def test_a_lone_surrogate_in_a_stored_string_is_a_body_error(path: str, field: s
 
 # --- hostile bytes in strings ---------------------------------------------------------------
 
-PLACEHOLDER = "HOSTILE-BYTES-GO-HERE"
-
-
-def with_raw_string(obj: Any, path: str, raw: bytes, fmt: Format) -> bytes:
-    """``obj`` encoded with the string at ``path`` made of exactly the bytes ``raw``
-    (which no encoder would write: they are not UTF-8, or a JSON escape as it is)."""
-    set_path(obj, path, PLACEHOLDER)
-    if fmt is JSON:
-        return json.dumps(obj).encode().replace(PLACEHOLDER.encode(), raw)
-    assert len(raw) < 32
-    header = bytes([0xA0 | len(raw)])  # a msgpack fixstr
-    return msgpack.packb(obj).replace(msgpack.packb(PLACEHOLDER), header + raw)
-
-
-# (bytes inside the string, the problem; None: a string like any other). Python's
-# decoder, as msgspec's, takes no overlong form and no encoded surrogate.
-NOT_UTF8 = "expected UTF-8 text, got "
-HOSTILE_STRINGS: dict[str, tuple[bytes, str]] = {
-    "invalid": (b"g\xff\xfe", "bytes that are not UTF-8 (ff fe) at byte 1"),
-    "cut short": (b"ab\xe2\x82", "bytes that are not UTF-8 (e2 82) at byte 2"),
-    "continuation alone": (b"\x80", "bytes that are not UTF-8 (80) at byte 0"),
-    "overlong 2": (b"\xc0\xaf", "an overlong UTF-8 form (c0 af) at byte 0"),
-    "overlong 3": (b"\xe0\x80\xaf", "an overlong UTF-8 form (e0 80 af) at byte 0"),
-    "overlong 4": (b"\xf0\x80\x80\xaf", "an overlong UTF-8 form (f0 80 80 af) at byte 0"),
-    "surrogate": (b"\xed\xa0\x80", "a UTF-16 surrogate encoded in UTF-8 (ed a0 80) at byte 0"),
-    "low surrogate": (
-        b"\xe2\x82\xac\xed\xbf\xbf",
-        "a UTF-16 surrogate encoded in UTF-8 (ed bf bf) at byte 3",
-    ),
-    "beyond U+10FFFF": (b"\xf4\x90\x80\x80", "bytes that are not UTF-8 (f4 90 80 80) at byte 0"),
-    "five bytes": (b"\xf8\x88\x80\x80\x80", "bytes that are not UTF-8 (f8 88 80 80) at byte 0"),
-}
-HOSTILE_STRINGS = {
-    kind: (raw, f"{NOT_UTF8}{what} of the string") for kind, (raw, what) in HOSTILE_STRINGS.items()
-}
-JSON_ONLY_STRINGS: dict[str, tuple[bytes, str]] = {
-    "escaped surrogate": (
-        b"\\ud800",
-        "expected valid Unicode text, got a lone surrogate (\\ud800) at character 0 of the string",
-    ),
-    "escaped low surrogate": (
-        b"a\\udfff",
-        "expected valid Unicode text, got a lone surrogate (\\udfff) at character 1 of the string",
-    ),
-    "raw NUL": (
-        b"a\x00",
-        "a raw control character (U+0000) at character 1 of the string: a JSON string "
-        "carries it escaped, as \\u0000",
-    ),
-    "raw escape character": (
-        b"\x1b[31m",
-        "a raw control character (U+001B) at character 0 of the string: a JSON string "
-        "carries it escaped, as \\u001b",
-    ),
-}
 # Every string field of every request body, as (decoder, a valid body, the field).
 STRING_FIELDS: list[tuple[str, Callable[[bytes, Format], object], Callable[[], Any], str]] = [
     *[
@@ -996,12 +942,17 @@ STRING_FIELDS: list[tuple[str, Callable[[bytes, Format], object], Callable[[], A
 
 
 def hostile_cases(fmt: Format) -> list[Any]:
-    kinds = {**HOSTILE_STRINGS, **(JSON_ONLY_STRINGS if fmt is JSON else {})}
     return [
         pytest.param(decode, make, field, raw, problem, id=f"{name}-{kind}")
         for name, decode, make, field in STRING_FIELDS
-        for kind, (raw, problem) in kinds.items()
+        for kind, (raw, problem) in hostile_strings(fmt).items()
     ]
+
+
+def with_raw_string(obj: Any, field: str, raw: bytes, fmt: Format) -> bytes:
+    """``obj`` encoded with the string at ``field`` made of exactly the bytes ``raw``."""
+    set_path(obj, field, PLACEHOLDER)
+    return encode_with(obj, raw, fmt)
 
 
 @pytest.mark.parametrize(
