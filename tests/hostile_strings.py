@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 import msgpack
+from hypothesis import strategies as st
 
 from protocol.codec import Format
 
@@ -86,4 +87,50 @@ def encode_with(obj: Any, raw: bytes, fmt: object) -> bytes:
     ``PLACEHOLDER`` made of exactly the bytes ``raw``."""
     if is_json(fmt):
         return json.dumps(obj).encode().replace(PLACEHOLDER.encode(), raw)
-    return msgpack.packb(obj).replace(msgpack.packb(PLACEHOLDER), msgpack_str(raw))
+    # Another lone surrogate in obj is written as msgpack would write its UTF-8.
+    packed = msgpack.packb(obj, unicode_errors="surrogatepass")
+    return packed.replace(msgpack.packb(PLACEHOLDER), msgpack_str(raw))
+
+
+# --- strategies, for the fuzzers ------------------------------------------------------------
+
+
+def _is_utf8(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+_TEXT_BYTES = st.text(max_size=6).map(lambda text: text.encode("utf-8", "surrogatepass"))
+_ANY_NOT_UTF8 = st.one_of(
+    st.sampled_from([raw for raw, _ in HOSTILE_STRINGS.values()]),
+    st.binary(min_size=1, max_size=12).filter(lambda raw: not _is_utf8(raw)),
+)
+
+
+def not_utf8() -> st.SearchStrategy[bytes]:
+    """Bytes no UTF-8 decoder takes, in a string that may be valid around them."""
+    return st.builds(lambda a, b, c: a + b + c, _TEXT_BYTES, _ANY_NOT_UTF8, _TEXT_BYTES)
+
+
+_JSON_ONLY = st.sampled_from(
+    [
+        *(raw for raw, _ in JSON_ONLY_STRINGS.values()),
+        b"\\udc00", b"\\ud83d", b"\\udfff\\ud800", b"x\\ud800y",  # lone, and pairs reversed
+        *(bytes([c]) for c in range(0x20)),  # every raw control character
+    ]
+)  # fmt: skip
+
+
+def hostile_text(fmt: object) -> st.SearchStrategy[bytes]:
+    """The bytes of a string no body of ``fmt`` may carry: not UTF-8, and in JSON also
+    lone surrogate escapes and raw control characters. In JSON text they never hold a
+    quote or a backslash that would end the string or escape what follows."""
+    if not is_json(fmt):
+        return not_utf8()
+    plain = not_utf8().filter(lambda raw: b'"' not in raw and b"\\" not in raw)
+    around = _TEXT_BYTES.filter(lambda raw: b'"' not in raw and b"\\" not in raw)
+    json_only = st.builds(lambda a, b, c: a + b + c, around, _JSON_ONLY, around)
+    return st.one_of(plain, json_only)
