@@ -438,6 +438,74 @@ def packs(body: Any) -> bool:
     return True
 
 
+NESTED = (
+    "the body nests lists and maps too deeply to be decoded (hundreds of levels); "
+    "no body of the API nests more than 7"
+)
+LONG_INT = b"7" * 5001
+READ_BODY = b'{"group_id": "g", "topics": [{"topic_id": "%s", "partitions": [%s]}]}'
+
+
+def _read_entry(partition: bytes) -> bytes:
+    return READ_BODY % (TOPIC.encode(), b'{"partition": ' + partition + b', "leader_epoch": 0}')
+
+
+def _msgpack_with(obj: Any, raw: bytes) -> bytes:
+    return encode_with(obj, raw, "msgpack")
+
+
+# (route, format, body, the exact error message): what spoke Python before, and a hostile
+# string on each route, each answered 400 / 42 by the daemon of this module (whose log
+# must hold no trace when it stops).
+EXACT_ANSWERS = [
+    ("read", "json", _read_entry(LONG_INT), "topics[0].partitions[0].partition: expected an "
+     "integer in int32 range, got an integer of 5001 digits"),
+    ("write", "json", b"[" * 20_000 + b"]" * 20_000, NESTED),
+    ("write", "msgpack", b"\x91" * 50_000 + b"\xc0", NESTED),
+    ("delete", "msgpack", b"\x81\xa8group_id\xc1",
+     "the body is not valid msgpack: byte 0xc1 at offset 10, which msgpack never uses"),
+    ("initialize", "json", b"\xef\xbb\xbf" + _read_entry(b"0"),
+     "the body starts with a byte order mark (EF BB BF): send the JSON text without it"),
+    ("read-summary", "msgpack", b"\xef\xbb\xbf" + msgpack.packb({"group_id": "g", "topics": []}),
+     "the body starts with a UTF-8 byte order mark (EF BB BF), which is no part of msgpack: "
+     "send the map alone"),
+    *[
+        (rpc, "json", b'{"group_id": "\xc0\xaf", "topics": []}',
+         "group_id: expected UTF-8 text, got an overlong UTF-8 form (c0 af) at byte 0 of the "
+         "string")
+        for rpc in RPCS
+    ],
+    *[
+        (rpc, "msgpack", _msgpack_with({"group_id": PLACEHOLDER, "topics": []}, b"\xed\xa0\x80"),
+         "group_id: expected UTF-8 text, got a UTF-16 surrogate encoded in UTF-8 (ed a0 80) "
+         "at byte 0 of the string")
+        for rpc in RPCS
+    ],
+    ("find-coordinator", "json", b'{"keys": ["g\x00"]}',
+     "keys[0]: a raw control character (U+0000) at character 1 of the string: a JSON string "
+     "carries it escaped, as \\u0000"),
+    ("find-coordinator", "json", b'{"keys": ["\\udfff"]}',
+     "keys[0]: expected valid Unicode text, got a lone surrogate (\\udfff) at character 0 of "
+     "the string"),
+    ("topics", "msgpack", _msgpack_with({"topic_id": PLACEHOLDER, "partition_count": 1}, b"\xff"),
+     "topic_id: expected UTF-8 text, got bytes that are not UTF-8 (ff) at byte 0 of the string"),
+]  # fmt: skip
+ROUTES = {
+    **{rpc: ("POST", f"/v1/share-group-state/{rpc}") for rpc in RPCS},
+    "find-coordinator": ("POST", "/v1/find-coordinator"),
+    "topics": ("PUT", "/v1/admin/topics"),
+}
+
+
+def test_hostile_bodies_get_exact_answers_in_the_apis_words(fuzzed, figures):
+    for route, fmt, body, message in EXACT_ANSWERS:
+        method, path = ROUTES[route]
+        reply = send(fuzzed, method, path, body, MEDIA[fmt], None, PLAIN)
+        assert (reply.status, reply.content_type) == (400, MEDIA[fmt]), (route, fmt, reply)
+        assert reply.error_body() == {"error_code": 42, "error_message": message}, (route, fmt)
+        figures.add("bad_inputs_tried")
+
+
 @fuzz(SHORT)
 @given(data=st.data())
 def test_hostile_strings_on_every_body_route(fuzzed, figures, data):
