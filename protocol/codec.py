@@ -5,10 +5,12 @@ is the server's side (request bodies in, answers out) and what both sides share;
 ``protocol.client_codec`` is the client's mirror image.
 
 Decoding is msgspec's, straight into the Structs of ``protocol.messages``: it parses
-and checks every type and width in one pass. A body it refuses is explained by
-``protocol.explain`` (the field, what was expected, what came), so a decoder raises only
-``BodyError`` (HTTP 400, code 42), whatever the bytes are. Then one pass over the
-decoded request (``prepare_request``) does what a schema cannot say:
+and checks every type and width in one pass. A body it refuses is parsed again by
+``protocol.reparse`` (which says why one that does not parse does not, and keeps what
+was wrong with a string: bytes that are not UTF-8, a raw control character) and
+explained by ``protocol.explain`` (the field, what was expected, what came), so a
+decoder raises only ``BodyError`` (HTTP 400, code 42), whatever the bytes are. Then one
+pass over the decoded request (``prepare_request``) does what a schema cannot say:
 
 1. ``Limits``: the group id's length in UTF-8 bytes, entries per request (partition
    entries, counting a topic without any as one) and state batches per entry; over a
