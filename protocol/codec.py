@@ -5,10 +5,12 @@ is the server's side (request bodies in, answers out) and what both sides share;
 ``protocol.client_codec`` is the client's mirror image.
 
 Decoding is msgspec's, straight into the Structs of ``protocol.messages``: it parses
-and checks every type and width in one pass. A body it refuses is explained by
-``protocol.explain`` (the field, what was expected, what came), so a decoder raises only
-``BodyError`` (HTTP 400, code 42), whatever the bytes are. Then one pass over the
-decoded request (``prepare_request``) does what a schema cannot say:
+and checks every type and width in one pass. A body it refuses is parsed again by
+``protocol.reparse`` (which says why one that does not parse does not, and keeps what
+was wrong with a string: bytes that are not UTF-8, a raw control character) and
+explained by ``protocol.explain`` (the field, what was expected, what came), so a
+decoder raises only ``BodyError`` (HTTP 400, code 42), whatever the bytes are. Then one
+pass over the decoded request (``prepare_request``) does what a schema cannot say:
 
 1. ``Limits``: the group id's length in UTF-8 bytes, entries per request (partition
    entries, counting a topic without any as one) and state batches per entry; over a
@@ -35,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import msgpack
 import msgspec
 
 from protocol.batches import DELIVERY_STATES, StateBatch, is_clean
@@ -56,6 +57,7 @@ from protocol.messages import (
     TopicRegistration,
     WritePartition,
 )
+from protocol.reparse import reparse_json, reparse_msgpack
 from protocol.topic_id import canonical_topic_id
 from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES, TOPIC_ID_EXPECTED
 
@@ -184,28 +186,7 @@ _canonical_topic_id = functools.lru_cache(maxsize=4096)(canonical_topic_id)
 # --- decoding -------------------------------------------------------------------------
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-# The standard parsers, for the error path only: they accept what msgspec refuses to
-# parse (lone surrogates in JSON strings), so the walk can say what was wrong.
-_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
-def _parse(body: bytes, fmt: Format) -> object:
-    try:
-        if fmt is Format.MSGPACK:
-            return msgpack.unpackb(body, raw=False, strict_map_key=True)
-        return _JSON_DECODER.decode(body.decode("utf-8"))
-    # Whatever the parser raises (ExtraData, FormatError, StackError, UnicodeDecodeError,
-    # RecursionError, ValueError for an over-long int literal, ...), the body did not
-    # parse; msgpack does not document the full list, so none may escape.
-    except Exception as exc:
-        text = str(exc)[:200].encode("utf-8", "backslashreplace").decode("utf-8")
-        name = "msgpack" if fmt is Format.MSGPACK else "JSON"
-        raise BodyError("", f"the body is not valid {name}: {text or type(exc).__name__}") from None
 
 
 _DECODERS: dict[tuple[Any, Format], Callable[[bytes], Any]] = {}
@@ -223,22 +204,27 @@ def _decoder(declared: Any, fmt: Format) -> Callable[[bytes], Any]:
 
 
 def decode_body(declared: type[T], body: bytes, fmt: Format) -> T:
-    """``body`` decoded into ``declared``; raises only ``BodyError``."""
+    """``body`` decoded into ``declared``; raises only ``BodyError``, whatever the bytes."""
     try:
         decoded: T = _decoder(declared, fmt)(body)
         return decoded
-    # msgspec raises RecursionError for nesting too deep, even in a field nobody reads.
-    except (msgspec.MsgspecError, RecursionError) as exc:
+    # msgspec raises its DecodeError (a ValueError) for what is malformed or ill-typed,
+    # UnicodeDecodeError (a ValueError too, not one of msgspec's) for a string that is
+    # not UTF-8, and RecursionError for nesting too deep, even in a field nobody reads.
+    # Each is explained below, on the error path, in the API's words.
+    except (ValueError, RecursionError) as exc:
         refused = exc
-    parsed = _parse(body, fmt)
-    problem = first_problem(parsed, declared)
+    parsed = reparse_msgpack(body, refused) if fmt is Format.MSGPACK else reparse_json(body)
+    problem = first_problem(parsed.value, declared, marked=parsed.marked)
     if problem is not None:
         raise problem
+    if parsed.not_json is not None:
+        raise parsed.not_json
     # The standard parser took what msgspec's did not, and nothing the schema names is
     # wrong (say, a lone surrogate in a field nobody reads): build it from the parse.
     try:
-        return msgspec.convert(parsed, declared)
-    except (msgspec.MsgspecError, RecursionError):
+        return msgspec.convert(parsed.value, declared)
+    except (ValueError, RecursionError):
         raise msgspec_problem(refused) from None
 
 

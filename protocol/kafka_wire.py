@@ -326,10 +326,23 @@ def read_request_header(reader: Reader, header_version: int) -> RequestHeader:
     api_key = reader.int16()
     api_version = reader.int16()
     correlation_id = reader.int32()
-    client_id = reader.nullable_string() if header_version >= 1 else None
+    client_id = _client_id(reader) if header_version >= 1 else None
     if header_version >= 2:
         reader.skip_tagged_fields()
     return RequestHeader(api_key, api_version, correlation_id, client_id)
+
+
+def _client_id(reader: Reader) -> str | None:
+    """The header's client id: a label, which Kafka decodes replacing what is not UTF-8
+    and never refuses. Nor does the hot path (``skip_request_header``), which does not
+    decode it at all: a request that passes there must pass here too."""
+    n = reader.int16()
+    if n < -1:
+        raise WireError(f"a client id length of {n}")
+    if n == -1:
+        return None
+    pos = reader._take(n)
+    return str(reader.buf[pos : pos + n], "utf-8", "replace")
 
 
 _HEADER = struct.Struct(">hhih")

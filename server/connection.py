@@ -14,10 +14,11 @@ connection closed: an HTTP/0.9 request line (no version: 400; the API is HTTP/1.
 0.9 client could not even read a status line), and a ``Transfer-Encoding`` other than
 exactly ``chunked`` (``gzip, chunked``: aiohttp would de-chunk it and hand over the still
 encoded body). RFC 9112 §6.1 asks a server for 501 on a transfer coding it does not
-implement; the body is never read. An HTTP/0.9 request is its request line alone, while
-the parser waits for the blank line that ends an HTTP/1 header block: the connection's
-first line, when it has no version, gets that blank line, so that it is refused at once
-rather than when the request timeout closes the connection.
+implement; a value that names none is malformed (400, §6.3). The body is never read.
+An HTTP/0.9 request is its request line alone, while the parser waits for the blank line
+that ends an HTTP/1 header block: the connection's first line, when it has no version,
+gets that blank line, so that it is refused at once rather than when the request timeout
+closes the connection.
 
 A client that connects and sends its request line and headers slowly, or never, is cut
 off after ``request_timeout_s``. aiohttp before 3.14.5 starts no timer until a first
@@ -169,11 +170,15 @@ def _refusal(request: web.BaseRequest) -> web.Response | None:
         coding = request.headers.get("Transfer-Encoding")
         if coding is None or coding.strip().lower() == "chunked":
             return None
-        status = 501
-        text = (
-            f"Transfer-Encoding {_one_line(coding)!r} is not supported: send the body "
-            "with Content-Length, or with Transfer-Encoding: chunked alone"
-        )
+        if not coding.replace(",", "").strip():
+            # No coding to implement, and no chunked last to find the body's end by: the
+            # request is malformed (RFC 9112 §6.3), not asking for what we lack.
+            status = 400
+            text = "Transfer-Encoding names no transfer coding"
+        else:
+            status = 501
+            text = f"Transfer-Encoding {_one_line(coding)!r} is not supported"
+        text += ": send the body with Content-Length, or with Transfer-Encoding: chunked alone"
     _log.debug("refused a request from %s: %s", request.remote, text)
     fmt = codec.response_format(request.headers.get("Content-Type"), request.headers.get("Accept"))
     response = web.Response(

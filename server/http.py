@@ -13,6 +13,7 @@ import functools
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from aiohttp import StreamReader, web
 from persistence import FileOps, GroupCommitter, StateLog
 from protocol import codec, errors
 from protocol.codec import BodyError, Format
+from protocol.explain import text_problem
 from protocol.messages import (
     REQUEST_PARTITIONS,
     Acknowledged,
@@ -473,7 +475,7 @@ async def handle_admin_state(request: web.Request) -> web.StreamResponse:
     query = request.query
     coordinator = request.app[COORDINATOR]
     try:
-        group_id = _query_group_id(query, coordinator.limits)
+        group_id = _query_group_id(request, coordinator.limits)
         spelled = _query_str(query, "topic_id")
         topic_id = _query_topic_id(spelled)
         partition = _query_int32(query, "partition")
@@ -506,13 +508,30 @@ def _query_topic_id(spelled: str) -> str:
         raise ValueError(f"query parameter topic_id: {exc}, got {spelled!r}") from None
 
 
-def _query_group_id(query: Any, limits: codec.Limits) -> str:
-    group_id = _query_str(query, "group_id")
+def _query_group_id(request: web.Request, limits: codec.Limits) -> str:
+    group_id = _query_str(request.query, "group_id")
+    if "\ufffd" in group_id:
+        # What aiohttp made of bytes that are not UTF-8 (or a U+FFFD the client sent):
+        # the group id it names is not the one the client had, so it is refused.
+        _refuse_undecodable(request.rel_url.raw_query_string, "group_id")
     try:
         codec.check_group_id(group_id, limits)
     except BodyError as exc:
         raise ValueError(f"query parameter {exc}") from None
     return group_id
+
+
+def _refuse_undecodable(raw_query: str, name: str) -> None:
+    """``ValueError`` if the first value of ``name`` in the query, percent-decoded, is
+    not UTF-8."""
+    for key, value in urllib.parse.parse_qsl(
+        raw_query, keep_blank_values=True, errors="surrogateescape"
+    ):
+        if key == name:
+            problem = text_problem(value, marked=True)
+            if problem is not None:
+                raise ValueError(f"query parameter {name}: {problem}")
+            return
 
 
 def _query_str(query: Any, name: str) -> str:

@@ -53,8 +53,9 @@ _NO_NODE = (-1, "", -1)
 
 class CloseConnection(Exception):
     """Kafka closes the connection here; ``reason`` labels the metric, the message is
-    logged at debug (it is the client's doing, not a bug). ``answer``, when set, is sent
-    before closing (a failed authentication says why)."""
+    logged at info with the peer, throttled (``server.kafka_listener``): it is the
+    client's doing, not a bug. ``answer``, when set, is sent before closing (a failed
+    authentication says why)."""
 
     def __init__(self, reason: str, message: str, answer: bytes | None = None) -> None:
         super().__init__(message)

@@ -27,7 +27,11 @@ One ``KafkaConnection`` (an ``asyncio.Protocol``) per client:
   request within it (idle, or a frame that does not complete) is closed, unless it is
   waiting for our answers; one that does not take its answers within it is cut off.
 * Anything Kafka would close the connection for closes it (``kafka_handlers``); the
-  daemon logs it at debug and serves everyone else.
+  daemon serves everyone else. A close the client caused (a frame that does not parse,
+  an API or version we do not serve, a request before or a failure of authentication,
+  a frame too large) is logged at info with the reason and the peer, at most
+  ``CLOSES_SHOWN`` lines a second and then one line with how many were not shown; the
+  others (idle, shutdown, a bug already logged with its trace) at debug.
 
 TLS, from the first byte, uses the HTTP listener's context (``--tls-cert``,
 ``--tls-key``, ``--tls-client-ca``); a TLS connection counts against the cap once its
@@ -51,7 +55,7 @@ from server.config import ServeConfig, parse_listen
 from server.http import Coordinator
 from server.kafka_auth import KafkaAuth, SaslSession
 from server.kafka_handlers import CloseConnection, KafkaApi
-from server.logs import log_event
+from server.logs import ThrottledLog, log_event
 from server.metrics import ShareCoordinatorMetrics
 from server.service import InOrder
 
@@ -60,6 +64,12 @@ _log = logging.getLogger("sharecoord.kafka")
 MAX_IN_FLIGHT = 32
 _MIN_FRAME = 8  # api key, version, correlation id: no request is shorter
 REFUSALS_LOG_INTERVAL_S = 1.0  # at most one line this often about refused connections
+# Closes a client caused, logged at info: at most CLOSES_SHOWN lines a second.
+CLOSES_SHOWN = 5
+CLOSES_LOG_INTERVAL_S = 1.0
+CLIENT_FAULTS = frozenset(
+    {"malformed", "unsupported", "unauthenticated", "authentication_failed", "too_large"}
+)
 
 
 class _Running:
@@ -94,12 +104,14 @@ class KafkaConnection(asyncio.Protocol):
         self._writable.set()
         self._last_progress = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._peer = "unknown"
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio.Transport, yet behave as one.
         self._transport = cast(asyncio.Transport, transport)
+        self._peer = _address(transport.get_extra_info("peername"))
         listener = self._listener
         if len(listener.connections) >= listener.max_connections:
             self._closing = True
@@ -326,7 +338,16 @@ class KafkaConnection(asyncio.Protocol):
         self._drop()
         if reason is not None:
             self._listener.metrics.kafka_closed.labels(reason).inc()
-            _log.debug("Kafka listener: closing a connection (%s): %s", reason, message)
+            if reason in CLIENT_FAULTS:
+                self._listener.closes.log(
+                    "Kafka listener: connection closed",
+                    reason=reason,
+                    peer=self._peer,
+                    # It may quote what the client sent: what UTF-8 cannot carry, escaped.
+                    detail=message.encode("utf-8", "backslashreplace").decode("utf-8"),
+                )
+            else:
+                _log.debug("Kafka listener: closing a connection (%s): %s", reason, message)
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
@@ -369,6 +390,13 @@ class KafkaListener:
         self.drained = 0
         self.idle = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
+        self.closes = ThrottledLog(
+            _log,
+            "info",
+            "Kafka listener: more connections closed than shown",
+            burst=CLOSES_SHOWN,
+            interval_s=CLOSES_LOG_INTERVAL_S,
+        )
         self._refused_unlogged = 0
         self._refusals_timer: asyncio.TimerHandle | None = None
 
@@ -442,9 +470,18 @@ class KafkaListener:
             self._refusals_timer = None
         if self._refused_unlogged:
             self._log_refusals()
+        self.closes.close()
         if self._server is not None:
             await self._server.wait_closed()
         return self.drained, cut_off
+
+
+def _address(peer: Any) -> str:
+    """``host:port`` (``[host]:port`` for IPv6) of a socket address, as the log shows it."""
+    if not isinstance(peer, tuple) or len(peer) < 2:
+        return "unknown"
+    host = str(peer[0])
+    return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
 
 
 def bind_kafka_socket(address: str) -> socket.socket:

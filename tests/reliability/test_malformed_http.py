@@ -71,6 +71,15 @@ MALFORMED = {
         H + b"Transfer-Encoding: gzip\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
         400,
     ),
+    # ... and one that names no coding at all is malformed: 400.
+    "an empty transfer-encoding": (
+        H + b"Transfer-Encoding: \t\r\nContent-Length: 2\r\n\r\n{}",
+        400,
+    ),
+    "a transfer-encoding of commas": (
+        H + b"Transfer-Encoding: , ,\r\nContent-Length: 2\r\n\r\n{}",
+        400,
+    ),
     "unknown expectation on an rpc": (H + b"Expect: 999-foo\r\nContent-Length: 2\r\n\r\n{}", 417),
     "unknown expectation elsewhere": (
         b"GET /no/such/path HTTP/1.1\r\nHost: x\r\nExpect: nonsense\r\n\r\n",

@@ -497,6 +497,19 @@ async def wait_metric(
         await asyncio.sleep(0.05)
 
 
+async def wait_for_log(
+    daemon: Daemon, check: Callable[[str], bool], timeout: float = READY_TIMEOUT_S
+) -> str:
+    """Poll the daemon's stderr until ``check`` passes on its text; the text then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = await asyncio.to_thread(daemon.stderr_text)
+        if check(text):
+            return text
+        assert time.monotonic() < deadline, f"not in the log in time:\n{text[-3000:]}"
+        await asyncio.sleep(0.05)
+
+
 # --- writes whose outcome is known without the merge rules ----------------------------------
 
 DELIVERY_STATES = (0, 1, 2, 4)

@@ -14,14 +14,20 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from server.kafka_listener import CLOSES_SHOWN
+from tests.hostile_strings import HOSTILE_STRINGS
 from tests.kafka_client import (
+    STRING_POSITIONS,
     KafkaClient,
+    find_coordinator_frame,
     kafka_address,
     message_class,
     raw_request,
@@ -37,6 +43,7 @@ from tests.server.daemons import (
     metric_value,
     part,
     read_entry,
+    wait_for_log,
     write_entry,
 )
 from tests.server.test_metrics import FAMILIES
@@ -414,3 +421,101 @@ async def test_a_wildcard_kafka_listener_is_advertised_by_the_advertised_host(sp
         assert (found.host, found.port, int(found.error_code)) == ("coord.example", port, 0)
     finally:
         await client.close()
+
+
+# --- hostile strings, and the log of the closes they cause ------------------------------------
+
+CLOSED = re.compile(
+    r"^(\S+) INFO sharecoord\.kafka Kafka listener: connection closed "
+    r"reason=(\S+) peer=(\S+) detail=(.*)$",
+    re.MULTILINE,
+)
+NOT_SHOWN = re.compile(r"Kafka listener: more connections closed than shown not_shown=(\d+)")
+
+
+def closes_logged(text: str) -> int:
+    """The closes the log accounts for: one line each, or counted in a summary line."""
+    return len(CLOSED.findall(text)) + sum(int(n) for n in NOT_SHOWN.findall(text))
+
+
+async def answer_or_close(kafka, frame: bytes) -> bytes | None:
+    """The first answer to ``frame`` on a fresh connection, or None if the daemon
+    closed it without one."""
+    client = await connect(kafka)
+    try:
+        client.writer.write(frame)
+        try:
+            return await asyncio.wait_for(client.read_frame(), 30)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+    finally:
+        await client.close()
+
+
+async def test_bytes_that_are_not_utf8_in_any_string_close_the_connection(kafka, session):
+    """docs/api.md "The Kafka listener": a string that is not UTF-8 (overlong forms and
+    encoded surrogates too) closes the connection, unanswered, wherever it is; the
+    daemon logs each close at info with no trace and serves on. The client id, which
+    the daemon never reads, is no reason to close; NUL is a character like any other."""
+    daemon, _, _ = kafka
+    closed = 0
+    for where, frame_with, decoded in STRING_POSITIONS:
+        assert await answer_or_close(kafka, frame_with(b"g")) is not None, where
+        if decoded and "Sasl" not in where:  # NUL is no SASL mechanism we offer
+            assert await answer_or_close(kafka, frame_with(b"g\x00h")) is not None, where
+        for kind, (raw, _) in HOSTILE_STRINGS.items():
+            answer = await answer_or_close(kafka, frame_with(raw))
+            assert (answer is None) is decoded, (where, kind, answer)
+            closed += decoded
+    api = Api(session, daemon.url)
+    text = await api.metrics()
+    assert metric_value(text, "sharecoord_kafka_connections_closed_total", reason="malformed") == (
+        closed
+    )
+    faults = sum(
+        metric_value(text, "sharecoord_kafka_connections_closed_total", reason=reason)
+        for reason in ("malformed", "unsupported", "unauthenticated", "authentication_failed")
+    )
+    log = await wait_for_log(daemon, lambda text: closes_logged(text) == faults)
+    assert "Traceback" not in log
+    shown = CLOSED.findall(log)
+    assert any("not UTF-8" in detail for _, reason, _, detail in shown if reason == "malformed")
+    assert await connect_and_read_summary(kafka)
+
+
+async def connect_and_read_summary(kafka) -> dict[str, Any]:
+    client = await connect(kafka)
+    try:
+        answer: dict[str, Any] = await client.rpc("read-summary", body("after", (TOPIC, [part(0)])))
+        return answer
+    finally:
+        await client.close()
+
+
+async def test_closes_for_bad_frames_are_logged_with_reason_and_peer_a_few_a_second(kafka):
+    """One line at info per close the client caused (reason, peer, what was wrong); a
+    flood of them costs at most CLOSES_SHOWN lines in an interval, then one line with
+    how many were not shown: never more than twice CLOSES_SHOWN lines in a second, and
+    every close accounted for."""
+    daemon, _, _ = kafka
+    clients = [await connect(kafka) for _ in range(60)]
+    peers = {"{}:{}".format(*c.writer.get_extra_info("sockname")[:2]) for c in clients}
+    bad = find_coordinator_frame(6, [b"\xff"])
+    for client in clients:
+        client.writer.write(bad)
+    for client in clients:
+        assert await client.closed_by_peer()
+        await client.close()
+    log = await wait_for_log(daemon, lambda text: closes_logged(text) == len(clients))
+    shown = CLOSED.findall(log)
+    assert shown
+    for _, reason, peer, detail in shown:
+        assert (reason, detail) == (
+            "malformed",
+            '"FindCoordinator v6: a string that is not UTF-8 at byte 14"',
+        )
+        assert peer in peers
+    moments = [datetime.fromisoformat(at.replace("Z", "+00:00")) for at, *_ in shown]
+    burst = 2 * CLOSES_SHOWN
+    for first, last in zip(moments, moments[burst:], strict=False):
+        assert (last - first).total_seconds() >= 0.9, (first, last)
