@@ -147,10 +147,10 @@ class StructLayout:
     flexible: bool  # ends in tagged fields
 
 
-def load_messages() -> dict[str, MessageSpec]:
+def load_messages(directory: Path = _SPECS) -> dict[str, MessageSpec]:
     """Every declaration of ``protocol/kafka_specs``, checked, by name."""
     messages: dict[str, MessageSpec] = {}
-    for path in sorted(_SPECS.glob("*.json")):
+    for path in sorted(directory.glob("*.json")):
         spec = cast(MessageSpec, json.loads(path.read_text(encoding="utf-8")))
         if spec.get("name") != path.stem:
             raise SpecError(f"{path.name} declares {spec.get('name')!r}")
