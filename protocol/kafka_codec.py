@@ -3,8 +3,8 @@ message and version, a decoder and an encoder compiled from the declaration. Pur
 
 ``protocol.kafka_schema.layout`` says what one version of a message is made of; this
 module writes the Python source of the function that reads it and of the one that writes
-it, straight-line, as one would write them by hand, and compiles them once (at import,
-for the versions served). That keeps the generic codec as fast as a hand-written one:
+it, straight-line, as one would write them by hand, and compiles them once (when a
+version is first used). That keeps the generic codec as fast as a hand-written one:
 
 * consecutive fixed-width fields are one ``struct`` unpack or pack;
 * a structure that ends in fixed-width fields and has no tagged fields packs its empty
@@ -15,18 +15,7 @@ for the versions served). That keeps the generic codec as fast as a hand-written
 compact strings, bytes and arrays and end every structure in tagged fields; known tagged
 fields are read (and written when they differ from their default), unknown ones skipped.
 
-What a structure decodes into and encodes from is its ``Shape``, given per structure
-path (``""`` the message, ``"topics"`` the elements of Topics, ``"topics.partitions"``,
-...). Without one it is a dict keyed by the snake_case field names, holding every
-declared field (a field the version lacks holds its default); an encoder reads such a
-dict with the same defaults. With one, the decoder calls ``Shape.cls`` with the fields
-of that class in its order (a field the version lacks is given its declared default),
-and the encoder reads the fields as attributes. ``Shape.convert`` maps a field's wire
-value to and from its typed value (a topic id's 16 bytes to and from its 22 characters);
-``Shape.limits`` names, per array field, the method of the decoder's ``budget`` that is
-given the array's length before a single element is read (and raises ``WireError``);
-``Shape.skip`` names strings and bytes the caller has no use for: their lengths are
-checked, their bytes neither decoded nor kept.
+What a structure decodes into and encodes from is its ``protocol.kafka_schema.Shape``.
 
 Decoding raises ``WireError`` for anything malformed, with the bounds of
 ``protocol.kafka_primitives.Reader``: a count larger than the bytes left, a varint of
@@ -40,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import linecache
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from protocol import kafka_primitives as primitives
@@ -50,39 +39,18 @@ from protocol.kafka_schema import (
     MESSAGES,
     FieldLayout,
     MessageSpec,
+    Shape,
+    Shapes,
     SpecError,
     StructLayout,
     Versions,
+    check_shapes,
+    class_fields,
     layout,
-    structures,
 )
-
-__all__ = [
-    "Decoder",
-    "Encoder",
-    "MessageCodec",
-    "Shape",
-    "compile_decoder",
-    "compile_encoder",
-    "decoder_source",
-    "encoder_source",
-]
 
 Decoder = Callable[[Reader, Any], Any]
 Encoder = Callable[[bytearray, Any], None]
-Converter = tuple[Callable[[Any], Any], Callable[[Any], Any]]
-
-
-@dataclasses.dataclass(frozen=True)
-class Shape:
-    """The Python side of one structure (module docstring)."""
-
-    cls: Callable[..., Any] | None = None
-    convert: Mapping[str, Converter] = dataclasses.field(default_factory=dict)
-    limits: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    skip: frozenset[str] = frozenset()
-
-
 _AS_DICT = Shape()
 _STRINGS = {  # (compact, nullable) -> the Reader method, the writer
     (True, False): ("compact_string", primitives.compact_string),
@@ -109,21 +77,6 @@ def _uuid(raw: bytes) -> bytes:
     if len(raw) != 16:
         raise ValueError(f"a uuid of {len(raw)} bytes")
     return raw
-
-
-def _class_fields(cls: Callable[..., Any]) -> list[tuple[str, bool]]:
-    """``(name, has_default)`` of a msgspec Struct's or a dataclass's fields, in order."""
-    names = getattr(cls, "__struct_fields__", None)
-    if names is not None:
-        first_default = len(names) - len(getattr(cls, "__struct_defaults__", ()))
-        return [(name, i >= first_default) for i, name in enumerate(names)]
-    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
-        missing = dataclasses.MISSING
-        return [
-            (f.name, f.default is not missing or f.default_factory is not missing)
-            for f in dataclasses.fields(cls)
-        ]
-    raise SpecError(f"{cls!r} is neither a msgspec Struct nor a dataclass")
 
 
 class _Source:
@@ -158,26 +111,14 @@ class _Source:
         return "[]" if value == () else repr(value)
 
 
-def _check_shapes(spec: MessageSpec, shapes: Mapping[str, Shape]) -> None:
-    """A shape for a structure the message does not have, or naming a field it does not
-    have, would silently not apply (a misspelt limit would let a request past it)."""
-    paths = structures(spec)
-    for path, shape in shapes.items():
-        if path not in paths:
-            raise SpecError(f"{spec['name']} has no structure {path!r}")
-        named = {*shape.convert, *shape.limits, *shape.skip}
-        if not named <= paths[path]:
-            raise SpecError(f"{spec['name']} {path!r} has no {sorted(named - paths[path])}")
-
-
 # --- decoding ---------------------------------------------------------------------------
 
 
 def decoder_source(
-    spec: MessageSpec, version: int, shapes: Mapping[str, Shape]
+    spec: MessageSpec, version: int, shapes: Shapes
 ) -> tuple[str, dict[str, object]]:
     """The source of ``decode(r, budget)`` for ``version`` of the message, and its names."""
-    _check_shapes(spec, shapes)
+    check_shapes(spec, shapes)
     src = _Source()
     src.line(0, "def decode(r, budget):")
     src.line(1, "buf = r.buf")
@@ -187,7 +128,7 @@ def decoder_source(
 
 
 def _decode_struct(
-    src: _Source, struct_layout: StructLayout, shapes: Mapping[str, Shape], r: str, ind: int
+    src: _Source, struct_layout: StructLayout, shapes: Shapes, r: str, ind: int
 ) -> str:
     """Emit the reads of one structure; return the expression that builds it."""
     shape = shapes.get(struct_layout.path, _AS_DICT)
@@ -222,7 +163,7 @@ def _decode_struct(
 
 
 def _decode_value(
-    src: _Source, field: FieldLayout, shapes: Mapping[str, Shape], shape: Shape, r: str, ind: int
+    src: _Source, field: FieldLayout, shapes: Shapes, shape: Shape, r: str, ind: int
 ) -> str:
     """Emit the read of one field; return the variable holding it."""
     out = src.var("v")
@@ -277,7 +218,7 @@ def _skip_value(src: _Source, field: FieldLayout, r: str, ind: int) -> None:
 def _decode_tags(
     src: _Source,
     struct_layout: StructLayout,
-    shapes: Mapping[str, Shape],
+    shapes: Shapes,
     shape: Shape,
     r: str,
     ind: int,
@@ -308,7 +249,7 @@ def _build(src: _Source, struct_layout: StructLayout, shape: Shape, values: dict
     where = f"{getattr(shape.cls, '__name__', shape.cls)} at {struct_layout.path!r}"
     args = []
     left = dict(values)
-    for name, has_default in _class_fields(shape.cls):
+    for name, has_default in class_fields(shape.cls):
         if name in left:
             args.append(left.pop(name))
         elif name in struct_layout.absent:
@@ -326,11 +267,11 @@ def _build(src: _Source, struct_layout: StructLayout, shape: Shape, values: dict
 
 
 def encoder_source(
-    spec: MessageSpec, version: int, shapes: Mapping[str, Shape]
+    spec: MessageSpec, version: int, shapes: Shapes
 ) -> tuple[str, dict[str, object]]:
     """The source of ``encode(out, value)`` for ``version`` of the message: it appends the
     encoded value to the bytearray ``out``."""
-    _check_shapes(spec, shapes)
+    check_shapes(spec, shapes)
     src = _Source()
     src.line(0, "def encode(out, value):")
     _encode_struct(src, layout(spec, version), shapes, "value", "out", 1)
@@ -342,14 +283,14 @@ def encoder_source(
 def _encode_struct(
     src: _Source,
     struct_layout: StructLayout,
-    shapes: Mapping[str, Shape],
+    shapes: Shapes,
     value: str,
     out: str,
     ind: int,
 ) -> None:
     shape = shapes.get(struct_layout.path, _AS_DICT)
     if shape.cls is not None:
-        known = {name for name, _ in _class_fields(shape.cls)}
+        known = {name for name, _ in class_fields(shape.cls)}
         missing = [f.name for f in (*struct_layout.fields, *struct_layout.tagged)]
         missing = [name for name in missing if name not in known]
         if missing:
@@ -387,7 +328,7 @@ def _encode_struct(
 
 
 def _encode_value(
-    src: _Source, field: FieldLayout, shapes: Mapping[str, Shape], expr: str, out: str, ind: int
+    src: _Source, field: FieldLayout, shapes: Shapes, expr: str, out: str, ind: int
 ) -> None:
     kind, modes = field.type, (field.compact, field.nullable)
     if kind in FIXED:
@@ -428,7 +369,7 @@ def _encode_value(
 def _encode_tags(
     src: _Source,
     struct_layout: StructLayout,
-    shapes: Mapping[str, Shape],
+    shapes: Shapes,
     read: Callable[[FieldLayout], str],
     out: str,
     ind: int,
@@ -459,51 +400,65 @@ def _encode_tags(
 # --- compiling --------------------------------------------------------------------------
 
 
-def _compile(source: str, namespace: dict[str, object], filename: str, name: str) -> Any:
+def _compile(name: str, source: str, namespace: dict[str, object]) -> Any:
     # The source is kept where tracebacks look for it, so a bug shows its line.
+    filename = f"<kafka {name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     exec(compile(source, filename, "exec"), namespace)
-    return namespace[name]
+    return namespace[name.rsplit(" ", 1)[-1]]
 
 
-def compile_decoder(
-    spec: MessageSpec, version: int, shapes: Mapping[str, Shape] | None = None
-) -> Decoder:
+def compile_decoder(spec: MessageSpec, version: int, shapes: Shapes | None = None) -> Decoder:
     source, namespace = decoder_source(spec, version, shapes or {})
-    decoder: Decoder = _compile(
-        source, namespace, f"<kafka {spec['name']} v{version} decode>", "decode"
-    )
+    decoder: Decoder = _compile(f"{spec['name']} v{version} decode", source, namespace)
     return decoder
 
 
-def compile_encoder(
-    spec: MessageSpec, version: int, shapes: Mapping[str, Shape] | None = None
-) -> Encoder:
+def compile_encoder(spec: MessageSpec, version: int, shapes: Shapes | None = None) -> Encoder:
     source, namespace = encoder_source(spec, version, shapes or {})
-    encoder: Encoder = _compile(
-        source, namespace, f"<kafka {spec['name']} v{version} encode>", "encode"
-    )
+    encoder: Encoder = _compile(f"{spec['name']} v{version} encode", source, namespace)
     return encoder
+
+
+class _Compiled(dict[int, Any]):
+    """Version -> its compiled function, compiled on first use and kept: the few
+    versions a daemon's clients use cost their compilation (about a millisecond each)
+    once, the rest nothing."""
+
+    def __init__(self, compile_one: Callable[[int], Any], versions: Iterable[int]) -> None:
+        super().__init__()
+        self._compile_one = compile_one
+        self._versions = frozenset(versions)
+
+    def __missing__(self, version: int) -> Any:
+        if version not in self._versions:
+            raise KeyError(version)
+        function = self[version] = self._compile_one(version)
+        return function
 
 
 class MessageCodec:
     """A declared message's decoder and encoder for each of ``versions`` (by default
-    every valid one), compiled now."""
+    every valid one), each compiled when first used."""
 
     __slots__ = ("decoders", "encoders", "name")
 
     def __init__(
-        self,
-        name: str,
-        shapes: Mapping[str, Shape] | None = None,
-        versions: Iterable[int] | None = None,
+        self, name: str, shapes: Shapes | None = None, versions: Iterable[int] | None = None
     ) -> None:
         spec = MESSAGES[name]
-        if versions is None:
-            versions = Versions.parse(spec["validVersions"]).span()
+        shapes = shapes or {}
+        check_shapes(spec, shapes)
+        served = list(
+            Versions.parse(spec["validVersions"]).span() if versions is None else versions
+        )
         self.name = name
-        self.decoders = {v: compile_decoder(spec, v, shapes) for v in versions}
-        self.encoders = {v: compile_encoder(spec, v, shapes) for v in versions}
+        self.decoders: dict[int, Decoder] = _Compiled(
+            lambda v: compile_decoder(spec, v, shapes), served
+        )
+        self.encoders: dict[int, Encoder] = _Compiled(
+            lambda v: compile_encoder(spec, v, shapes), served
+        )
 
     def decode(self, version: int, reader: Reader, budget: object = None) -> Any:
         """The message at the reader's position; the reader is left after it."""

@@ -27,8 +27,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from protocol.kafka_codec import MessageCodec, Shape
+from protocol.kafka_codec import MessageCodec
 from protocol.kafka_messages import API_VERSIONS, SUPPORTED
+from protocol.kafka_schema import Shape
 from protocol.kafka_wire import Reader
 
 UNSUPPORTED_VERSION = 35

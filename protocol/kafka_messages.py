@@ -41,8 +41,8 @@ from typing import Any
 
 from protocol import kafka_wire as wire
 from protocol.batches import StateBatch
-from protocol.kafka_codec import Converter, MessageCodec, Shape
-from protocol.kafka_schema import MESSAGES, Versions
+from protocol.kafka_codec import MessageCodec
+from protocol.kafka_schema import MESSAGES, Converter, Shape, Versions
 from protocol.kafka_wire import Reader, WireError
 from protocol.messages import (
     REQUEST_PARTITIONS,
@@ -165,17 +165,16 @@ _RESULT_CLASSES: dict[Rpc, type[AnyPartitionResult]] = {
 
 
 def _request_shapes(rpc: Rpc) -> dict[str, Shape]:
+    """Each array counts against the budget before its first element is read."""
+    batches = {"state_batches": "check_batches"} if rpc is Rpc.WRITE else {}
     shapes = {
         "": Shape(ShareGroupStateRequest),
         "topics": Shape(
             TopicRequest, convert={"topic_id": _TOPIC_ID}, limits={"partitions": "take_entries"}
         ),
-        "topics.partitions": Shape(REQUEST_PARTITIONS[rpc]),
+        "topics.partitions": Shape(REQUEST_PARTITIONS[rpc], limits=batches),
     }
     if rpc is Rpc.WRITE:
-        shapes["topics.partitions"] = Shape(
-            REQUEST_PARTITIONS[rpc], limits={"state_batches": "check_batches"}
-        )
         shapes["topics.partitions.state_batches"] = Shape(StateBatch)
     return shapes
 
@@ -236,18 +235,17 @@ def is_empty_request(request: ShareGroupStateRequest[Any]) -> bool:
 
 # --- responses ----------------------------------------------------------------------------
 
-_CORRELATION = struct.Struct(">i")
+_SIZE = struct.Struct(">i")
 
 
 def encode_state_response(
     rpc: Rpc, version: int, correlation_id: int, response: ShareGroupStateResponse[Any]
 ) -> bytes:
-    """The whole frame of the answer: size, response header v1, body."""
-    out = bytearray(b"\x00\x00\x00\x00")
-    out += _CORRELATION.pack(correlation_id)
-    out += b"\x00"  # the header's tagged fields (a header v1 has no known ones)
+    """The whole frame of the answer: size, response header, body."""
+    out = bytearray(b"\x00\x00\x00\x00")  # the size, once known
+    wire.write_response_header(out, correlation_id, response_header_version(rpc.api_key, version))
     _RESPONSE_ENCODERS[rpc][version](out, response)
-    _CORRELATION.pack_into(out, 0, len(out) - 4)
+    _SIZE.pack_into(out, 0, len(out) - 4)
     return bytes(out)
 
 

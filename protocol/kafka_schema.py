@@ -26,15 +26,31 @@ structure. Versions are ``"N"``, ``"N-M"``, ``"N+"`` or ``"none"``.
 ``layout(spec, version)`` is what one version of a message is made of: its structures,
 their fields in wire order, their known tagged fields, and the defaults of the fields
 the version lacks. ``protocol.kafka_codec`` compiles a decoder and an encoder from it.
+
+What a structure decodes into and encodes from is its ``Shape``, given per structure
+path (``""`` the message, ``"topics"`` the elements of Topics, ``"topics.partitions"``,
+...). Without one it is a dict keyed by the snake_case field names, holding every
+declared field (a field the version lacks holds its default); an encoder reads such a
+dict with the same defaults. With one, the decoder calls ``Shape.cls`` with the fields
+of that class in its order (a field the version lacks is given its declared default),
+and the encoder reads the fields as attributes. ``Shape.convert`` maps a field's wire
+value to and from its typed value (a topic id's 16 bytes to and from its 22 characters);
+``Shape.limits`` names, per array field, the method of the decoder's ``budget`` that is
+given the array's length before a single element is read (and raises ``WireError``);
+``Shape.skip`` names strings and bytes the caller has no use for: their lengths are
+checked, their bytes neither decoded nor kept. A shape for a structure or a field the
+message does not have is refused (``check_shapes``): it would silently not apply.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict, cast
+from typing import Any, TypedDict, cast
 
 
 class _FieldBase(TypedDict):
@@ -288,6 +304,50 @@ def _default(spec: FieldSpec, nullable: bool) -> object:
     if kind == "bytes":
         return b""
     return text or ""
+
+
+# --- the Python side ------------------------------------------------------------------------
+
+Converter = tuple[Callable[[Any], Any], Callable[[Any], Any]]
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The Python side of one structure (module docstring)."""
+
+    cls: Callable[..., Any] | None = None
+    convert: Mapping[str, Converter] = dataclasses.field(default_factory=dict)
+    limits: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    skip: frozenset[str] = frozenset()
+
+
+Shapes = Mapping[str, Shape]  # by structure path
+
+
+def class_fields(cls: Callable[..., Any]) -> list[tuple[str, bool]]:
+    """``(name, has_default)`` of a msgspec Struct's or a dataclass's fields, in order."""
+    names = getattr(cls, "__struct_fields__", None)
+    if names is not None:
+        first_default = len(names) - len(getattr(cls, "__struct_defaults__", ()))
+        return [(name, i >= first_default) for i, name in enumerate(names)]
+    if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+        missing = dataclasses.MISSING
+        return [
+            (f.name, f.default is not missing or f.default_factory is not missing)
+            for f in dataclasses.fields(cls)
+        ]
+    raise SpecError(f"{cls!r} is neither a msgspec Struct nor a dataclass")
+
+
+def check_shapes(spec: MessageSpec, shapes: Shapes) -> None:
+    """Refuse a shape that would not apply: a misspelt limit would let a request past it."""
+    paths = structures(spec)
+    for path, shape in shapes.items():
+        if path not in paths:
+            raise SpecError(f"{spec['name']} has no structure {path!r}")
+        named = {*shape.convert, *shape.limits, *shape.skip}
+        if not named <= paths[path]:
+            raise SpecError(f"{spec['name']} {path!r} has no {sorted(named - paths[path])}")
 
 
 MESSAGES: dict[str, MessageSpec] = load_messages()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.kafka_codec import MessageCodec, Shape
+from protocol.kafka_codec import MessageCodec
 from protocol.kafka_primitives import (
     Reader,
     WireError,
@@ -43,6 +43,7 @@ from protocol.kafka_primitives import (
     uvarint,
     varint,
 )
+from protocol.kafka_schema import Shape
 
 __all__ = [
     "Reader",
@@ -69,6 +70,7 @@ __all__ = [
     "string",
     "uvarint",
     "varint",
+    "write_response_header",
 ]
 
 
@@ -110,4 +112,11 @@ def request_header(
 
 
 def response_header(correlation_id: int, version: int) -> bytes:
-    return _RESPONSE_HEADER.encode(version, {"correlation_id": correlation_id})
+    out = bytearray()
+    write_response_header(out, correlation_id, version)
+    return bytes(out)
+
+
+def write_response_header(out: bytearray, correlation_id: int, version: int) -> None:
+    """Append a response header to ``out`` (where a whole frame is being written)."""
+    _RESPONSE_HEADER.encoders[version](out, {"correlation_id": correlation_id})

@@ -17,8 +17,8 @@ import pytest
 from protocol import kafka_messages as km
 from protocol import kafka_wire as wire
 from protocol.batches import StateBatch
-from protocol.kafka_codec import MessageCodec, Shape, compile_decoder, compile_encoder
-from protocol.kafka_schema import MESSAGES, FieldSpec, MessageSpec, SpecError, load_messages
+from protocol.kafka_codec import MessageCodec, compile_decoder, compile_encoder
+from protocol.kafka_schema import MESSAGES, FieldSpec, MessageSpec, Shape, SpecError, load_messages
 from protocol.kafka_wire import Reader, WireError
 from protocol.messages import (
     FindCoordinatorRequest,
