@@ -70,6 +70,7 @@ _ARRAY_LENGTHS = {  # (compact, nullable) -> the Reader method
     (False, False): "array_length",
     (False, True): "nullable_array_length",
 }
+_CLASSIC_LENGTHS = {"string": "h", "bytes": "i"}
 _I32 = struct.Struct(">i")
 
 
@@ -138,24 +139,36 @@ def _decode_struct(
         if field is not None and field.type in FIXED:
             run.append(field)
             continue
-        if run:
+        skipped = field is not None and field.name in shape.skip
+        # A skipped classic string's length has a fixed width: it joins the run.
+        length = src.var("n") if skipped and field is not None and not field.compact else None
+        if run or length:
             names = [src.var("v") for _ in run]
             fmt = "".join(FIXED[f.type] for f in run)
+            if length is not None and field is not None:
+                names.append(length)
+                fmt += _CLASSIC_LENGTHS[field.type]
             size = struct.calcsize(">" + fmt)
             src.line(
                 ind, f"{', '.join(names)}, = {src.packer(fmt)}.unpack_from(buf, {r}._take({size}))"
             )
-            values.update(zip((f.name for f in run), names, strict=True))
+            values.update((f.name, n) for f, n in zip(run, names, strict=False))
             run = []
-        if field is not None and field.name in shape.skip:
-            _skip_value(src, field, r, ind)
+        if skipped and field is not None:
+            _skip_value(src, field, r, ind, length)
         elif field is not None:
             values[field.name] = _decode_value(src, field, shapes, shape, r, ind)
     if struct_layout.flexible:
         if struct_layout.tagged:
             _decode_tags(src, struct_layout, shapes, shape, r, ind, values)
         else:
-            src.line(ind, f"{r}.skip_tagged_fields()")
+            # None, the common case, without a call.
+            pos = src.var("pos")
+            src.line(ind, f"{pos} = {r}.pos")
+            src.line(ind, f"if {pos} < {r}.end and buf[{pos}] == 0:")
+            src.line(ind + 1, f"{r}.pos = {pos} + 1")
+            src.line(ind, "else:")
+            src.line(ind + 1, f"{r}.skip_tagged_fields()")
     for name, (decode, _) in shape.convert.items():
         if name in values:
             values[name] = f"{src.const(decode, 'dec')}({values[name]})"
@@ -199,15 +212,14 @@ def _decode_value(
     return out
 
 
-def _skip_value(src: _Source, field: FieldLayout, r: str, ind: int) -> None:
-    """Emit a read past a string or bytes that checks its length and decodes nothing."""
-    if field.type not in ("string", "bytes"):
+def _skip_value(src: _Source, field: FieldLayout, r: str, ind: int, n: str | None) -> None:
+    """Emit a read past a string or bytes that checks its length (already read into ``n``
+    for a classic one) and decodes nothing."""
+    if field.type not in _CLASSIC_LENGTHS:
         raise SpecError(f"{field.name}: only strings and bytes are skipped")
-    n = src.var("n")
-    if field.compact:
+    if n is None:
+        n = src.var("n")
         src.line(ind, f"{n} = {r}.uvarint() - 1")
-    else:
-        src.line(ind, f"{n} = {r}.{'int16' if field.type == 'string' else 'int32'}()")
     if not (field.compact and field.nullable):
         src.line(ind, f"if {n} < {-1 if field.nullable else 0}:")
         src.line(ind + 1, f"raise WireError('a {field.name} length of %d' % {n})")

@@ -42,7 +42,7 @@ from typing import Any
 from protocol import kafka_wire as wire
 from protocol.batches import StateBatch
 from protocol.kafka_codec import MessageCodec
-from protocol.kafka_schema import MESSAGES, Converter, Shape, Versions
+from protocol.kafka_schema import MESSAGES, Converter, MessageSpec, Shape, SpecError, Versions
 from protocol.kafka_wire import Reader, WireError
 from protocol.messages import (
     REQUEST_PARTITIONS,
@@ -74,18 +74,31 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     86: (0, 0),
     87: (0, 1),
 }
-# apiKey -> the versions its declaration says are flexible.
-_FLEXIBLE: dict[int, Versions] = {
-    spec["apiKey"]: Versions.parse(spec["flexibleVersions"])
-    for spec in MESSAGES.values()
-    if spec["type"] == "request" and spec.get("apiKey") in SUPPORTED
-}
+
+
+def _declaration(api_key: int, kind: str) -> MessageSpec:
+    """The declared request or response of an API."""
+    (spec,) = [s for s in MESSAGES.values() if s.get("apiKey") == api_key and s["type"] == kind]
+    return spec
+
+
+def _flexible_from(api_key: int) -> int | None:
+    """The first flexible version of an API, as its request's declaration says."""
+    spec = _declaration(api_key, "request")
+    flexible = Versions.parse(spec["flexibleVersions"])
+    if flexible.high is not None and flexible.high >= flexible.low:
+        raise SpecError(f"{spec['name']}: flexible versions must be N+ or none")
+    return flexible.low if flexible.high is None else None
+
+
+# apiKey -> first flexible version (None: never flexible); looked up on every request.
+_FLEXIBLE_FROM: dict[int, int | None] = {key: _flexible_from(key) for key in SUPPORTED}
 RPCS: dict[int, Rpc] = {rpc.api_key: rpc for rpc in Rpc}
 
 
 def is_flexible(api_key: int, version: int) -> bool:
-    flexible = _FLEXIBLE.get(api_key)
-    return flexible is not None and version in flexible
+    first = _FLEXIBLE_FROM.get(api_key)
+    return first is not None and version >= first
 
 
 def request_header_version(api_key: int, version: int) -> int:
@@ -190,19 +203,12 @@ def _response_shapes(rpc: Rpc) -> dict[str, Shape]:
     return shapes
 
 
-def _message_name(rpc: Rpc, kind: str) -> str:
-    (name,) = [
-        spec["name"]
-        for spec in MESSAGES.values()
-        if spec.get("apiKey") == rpc.api_key and spec["type"] == kind
-    ]
-    return name
-
-
 def _codecs(kind: str, shapes: Callable[[Rpc], dict[str, Shape]]) -> dict[Rpc, MessageCodec]:
     return {
         rpc: MessageCodec(
-            _message_name(rpc, kind), shapes(rpc), range(SUPPORTED[rpc.api_key][1] + 1)
+            _declaration(rpc.api_key, kind)["name"],
+            shapes(rpc),
+            range(SUPPORTED[rpc.api_key][1] + 1),
         )
         for rpc in Rpc
     }

@@ -99,7 +99,8 @@ def read_request_header(reader: Reader, header_version: int) -> RequestHeader:
 
 def skip_request_header(reader: Reader, header_version: int) -> int:
     """Read past a request header v1 or v2 and return its correlation id."""
-    correlation_id: int = _SKIP_REQUEST_HEADER.decode(header_version, reader)["correlation_id"]
+    header = _SKIP_REQUEST_HEADER.decoders[header_version](reader, None)
+    correlation_id: int = header["correlation_id"]
     return correlation_id
 
 
