@@ -60,7 +60,8 @@ from bench.workload import (
 from protocol.batches import StateBatch
 from protocol.messages import InitializePartition, WritePartition
 from protocol.records import ShareKey
-from protocol.shard import DEFAULT_RECORDS_PER_SNAPSHOT, ShardConfig, ShareCoordinatorShard
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT
+from protocol.shard import ShardConfig, ShareCoordinatorShard
 
 HERE = Path(__file__).resolve().parent
 SAMPLE_SINGLE = 300  # single-entry bodies replayed for the equality check

@@ -26,7 +26,7 @@ from typing import Any
 from bench.logs import NUM_PARTITIONS, build_log
 from persistence import list_segments, partition_dir, read_partition
 from protocol.records import RecordDecoder
-from protocol.replay import ShareStateMap
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
 from spark_jobs.fold import fold_records
 from spark_jobs.sealed import read_sealed_segments
 
@@ -75,7 +75,7 @@ def python_replay(data_dir: Path) -> tuple[float, int]:
     """Every record of the log replayed through ShareStateMap, in this one process."""
     started, count = time.perf_counter(), 0
     for p in range(NUM_PARTITIONS):
-        state, decoder = ShareStateMap(500), RecordDecoder()
+        state, decoder = ShareStateMap(DEFAULT_RECORDS_PER_SNAPSHOT), RecordDecoder()
         for frame in read_partition(partition_dir(str(data_dir), p)):
             state.replay(frame.offset, decoder.decode(frame.record_type, frame.key, frame.value))
             count += 1

@@ -332,7 +332,10 @@ class ShareCoordinatorClient:
         """Remove a topic from the topic catalog of every node, tombstoning all its
         share-partition state (Kafka's onTopicsDeleted); returns how many
         share-partitions were deleted in all. ``UnknownTopicOrPartition`` if no node
-        had the topic registered."""
+        had the topic registered. A node whose deletion is unfinished (a state partition
+        loading or failed) answers 14 or 15 and is asked again within the deadline: the
+        topic is unregistered there already, and the call returns once every node
+        finished (docs/operations.md#deleting-a-topic)."""
         self._start()
         return await self._admin.delete_topic(topic_id, self._policy(deadline_s))
 

@@ -7,9 +7,10 @@ topic id). Only the owner of a state partition comes from the daemons, and it is
 lazily: the first call that needs partition ``p`` asks a bootstrap node (then any known
 node) ``find-coordinator`` for a *probe key*, a key chosen once so that it hashes to
 ``p``. Asking for a probe key rather than the caller's key means any group id works,
-even one find-coordinator's key syntax cannot carry (a ``:`` inside, padding spaces),
-and the state partition in the answer checks that both sides count the same number of
-state partitions. Lookups wanted in the same turn of the event loop share one request;
+even a blank one, which find-coordinator refuses as Kafka does (a ``:`` inside or
+padding spaces it hashes as given, as the daemon routes the RPCs), and the state
+partition in the answer checks that both sides count the same number of state
+partitions. Lookups wanted in the same turn of the event loop share one request;
 a lookup in flight is shared by everyone waiting for it. An owner is forgotten when it
 answers 16 NOT_COORDINATOR, and looked up again on the next attempt.
 """

@@ -15,7 +15,8 @@ offset of the next record after it. A partition with frames in the journal catch
    the rest is cut (its bytes kept in a ``.broken`` file).
    If the segment is shorter than its synced size, or older than the synced segment,
    the disk lost what was fsynced: the whole newest segment is judged as recovery
-   judges any segment (a torn tail is cut; damage followed by valid frames refuses).
+   judges any segment (a torn tail is cut; damage followed by valid frames, or a frame
+   whose checksum holds but whose fields are impossible, refuses).
 3. The journal's frames of this partition are laid after that: a frame the file already
    holds is skipped, after comparing checksums where the file's copy was just read; the
    next one is appended; a frame beyond the next offset is a gap, and a checksum that
@@ -40,7 +41,14 @@ from dataclasses import dataclass
 
 from persistence.errors import LogCorruptionError
 from persistence.fileops import FileOps, keep_cut_bytes
-from persistence.frame import FrameError, LogRecord, decode_frame, find_next_frame, frame_crc
+from persistence.frame import (
+    FrameError,
+    InvalidFrame,
+    LogRecord,
+    decode_frame,
+    find_next_frame,
+    frame_crc,
+)
 from persistence.journal import JournalEntry, PartitionCheckpoint, frame_checksum, frame_offset
 from persistence.segments import list_log_files, scan_segment
 
@@ -92,9 +100,11 @@ def catch_up(
         else:  # the disk lost fsynced bytes: judge the segment as recovery would
             start, next_offset, lenient = 0, base, False
         tail = fs.pread(fd, size - start, start)
-        checksums, valid, next_offset = _verified_prefix(tail, next_offset)
+        checksums, valid, next_offset, stopped = _verified_prefix(tail, next_offset)
         cut_at = broken = None
         if valid < len(tail):
+            if not lenient and isinstance(stopped, InvalidFrame):
+                raise LogCorruptionError(path, start + valid, stopped.reason)
             if not lenient and find_next_frame(tail, valid, next_offset) is not None:
                 raise LogCorruptionError(path, start + valid, "damaged frame, valid ones follow")
             cut_at = start + valid
@@ -186,22 +196,25 @@ def _files_position(
     return (base, scan.valid_size, next_offset)
 
 
-def _verified_prefix(tail: bytes, next_offset: int) -> tuple[dict[int, int], int, int]:
+def _verified_prefix(
+    tail: bytes, next_offset: int
+) -> tuple[dict[int, int], int, int, FrameError | None]:
     """The frames at the start of ``tail`` that verify and carry the offsets that are
-    due: their checksums by offset, the bytes they span, and the next offset after."""
+    due: their checksums by offset, the bytes they span, the next offset after, and
+    why the next frame does not verify (None: it is whole, with another offset)."""
     checksums: dict[int, int] = {}
     pos = 0
     while pos < len(tail):
         try:
             record, end = decode_frame(tail, pos)
-        except FrameError:
-            break
+        except FrameError as exc:
+            return checksums, pos, next_offset, exc
         if not _in_order(record, next_offset):
             break
         checksums[record.offset] = frame_crc(memoryview(tail)[pos:end])
         next_offset = record.offset + 1
         pos = end
-    return checksums, pos, next_offset
+    return checksums, pos, next_offset, None
 
 
 def _in_order(record: LogRecord, next_offset: int) -> bool:

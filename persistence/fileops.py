@@ -20,6 +20,9 @@ calls on a descriptor, the path it was opened with); directory paths end with "/
 the test, so "partitions/3/" matches partition 3's directory and every file in it.
 `after` lets that many matching calls through first; `times` is how many calls fail
 (None: until cleared). A write fault with `short_write` writes half the bytes, then fails.
+A rule with `"crash": true` (its errno may then be left out) is a crash point instead: the
+matching call SIGKILLs the process before doing anything, so a test can stop a daemon
+between two exact steps of a multi-step operation.
 
 A write that fails leaves no file of its own behind: `write_file_atomically` removes its
 temporary file and `create_file_durably` the file it created, so a full disk that refuses
@@ -32,6 +35,7 @@ import errno as errno_module
 import json
 import logging
 import os
+import signal
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -232,6 +236,7 @@ class FaultRule:
     times: int | None = 1
     after: int = 0
     short_write: bool = False
+    crash: bool = False  # SIGKILL the process instead of failing the call
 
     def matches(self, op: str, path: str) -> bool:
         if self.op != op and not (self.op == "fsync" and op in ("fdatasync", "fsync_dir")):
@@ -359,6 +364,13 @@ class FaultInjectingFileOps(FileOps):
             raise _oserror(rule.errno, path)
 
     def _match(self, op: str, path: str) -> FaultRule | None:
+        rule = self._take(op, path)
+        if rule is not None and rule.crash:
+            _log.warning("crash point: %s %s", op, path)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return rule
+
+    def _take(self, op: str, path: str) -> FaultRule | None:
         self._reload_control_file()
         with self._lock:
             for rule in self._rules:
@@ -401,7 +413,8 @@ def _read_control_file(path: str) -> list[FaultRule]:
         document: Any = json.load(control)
     rules = []
     for entry in document.get("faults", []):
-        error = entry["errno"]
+        crash = entry.get("crash", False)
+        error = entry.get("errno", "EIO") if crash else entry["errno"]
         rule = FaultRule(
             op=entry["op"],
             errno=getattr(errno_module, error) if isinstance(error, str) else int(error),
@@ -409,6 +422,7 @@ def _read_control_file(path: str) -> list[FaultRule]:
             times=entry.get("times", 1),
             after=entry.get("after", 0),
             short_write=entry.get("short_write", False),
+            crash=crash,
         )
         _check_rule(rule)
         rules.append(rule)

@@ -7,8 +7,8 @@ them. All integers are big-endian.
     0       4     length        u32: number of bytes after this field (= 30 + k + v)
     4       4     crc           u32: zlib.crc32 of bytes [8, 4 + length)
     8       1     magic         u8 = 1, the frame format version; anything else is damage
-    9       1     record_type   u8: opaque to this layer (protocol.records names them:
-                                0 ShareSnapshot key, 1 ShareUpdate)
+    9       1     record_type   u8: 0 ShareSnapshot or tombstone, 1 ShareUpdate
+                                (protocol.records.RECORD_TYPES); anything else is damage
     10      8     offset        i64, >= 0: the record's offset in its state partition
     18      8     timestamp     i64, ms since the epoch
     26      4     key_length    u32 = k
@@ -23,7 +23,13 @@ damage, never a reason to read 4 GiB.
 Decoding tells three outcomes apart: a frame, a clean end (the buffer ends exactly on a
 frame boundary), and a FrameError at a byte position, which is either IncompleteFrame
 (the buffer ends inside the frame: a torn write, or a write still in progress) or
-CorruptFrame (the bytes are there but are not a frame).
+CorruptFrame (the bytes are there but are not a frame). A CorruptFrame whose checksum
+holds is an InvalidFrame: its bytes are exactly what some writer wrote, yet its fields
+are impossible (a key or value length that does not add up to the frame length, a
+value length below -1, a length field below the smallest frame, an unknown magic byte
+or record type, a negative offset). A crash cannot produce one (a torn write is cut
+short or fails its checksum), so a reader never takes one for a torn tail, wherever it
+lies.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from protocol.records import RECORD_TYPES
 
 MAGIC = 1
 
@@ -60,6 +68,10 @@ LENGTH_FIELD_SIZE = LENGTH.size
 MIN_LENGTH = HEADER_SIZE - LENGTH_FIELD_SIZE + VALUE_LENGTH.size  # 30
 MAX_FRAME_LENGTH = 64 * 1024 * 1024
 NULL_VALUE_LENGTH = -1
+# A length field below MIN_LENGTH is still checked against the bytes it claims when the
+# checksum then covers at least one byte: one that holds was written so (InvalidFrame).
+SHORTEST_CHECKED_LENGTH = CRC_START - LENGTH_FIELD_SIZE + 1  # 5
+_KNOWN_TYPES = " or ".join(map(str, RECORD_TYPES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +110,11 @@ class IncompleteFrame(FrameError):
 
 class CorruptFrame(FrameError):
     """The bytes at `position` are present but do not form a valid frame."""
+
+
+class InvalidFrame(CorruptFrame):
+    """The frame at `position` has a checksum that holds but fields no writer makes (the
+    module docstring): never a torn write."""
 
 
 def encode_frame(
@@ -157,7 +174,7 @@ def decode_frame(buf: bytes | memoryview, pos: int = 0) -> tuple[LogRecord, int]
         raise IncompleteFrame(pos, f"{available} bytes left, the length field needs 4", 0)
     (length,) = LENGTH.unpack_from(buf, pos)
     if length < MIN_LENGTH or length > MAX_FRAME_LENGTH:
-        raise CorruptFrame(pos, f"length field {length} outside [{MIN_LENGTH}, {MAX_FRAME_LENGTH}]")
+        raise _bad_length(buf, pos, length)
     end = pos + LENGTH_FIELD_SIZE + length
     if end > len(buf):
         raise IncompleteFrame(
@@ -171,20 +188,39 @@ def decode_frame(buf: bytes | memoryview, pos: int = 0) -> tuple[LogRecord, int]
         raise CorruptFrame(
             pos, f"checksum mismatch: stored {crc:#010x}, computed {actual_crc:#010x}"
         )
+    # The checksum holds: whatever is wrong from here on was written so (InvalidFrame).
     if magic != MAGIC:
-        raise CorruptFrame(pos, f"magic byte {magic}, expected {MAGIC}")
+        raise InvalidFrame(pos, f"magic byte {magic}, expected {MAGIC}")
+    if record_type not in RECORD_TYPES:
+        raise InvalidFrame(pos, f"record type {record_type}, expected {_KNOWN_TYPES}")
     if offset < 0:
-        raise CorruptFrame(pos, f"negative record offset {offset}")
+        raise InvalidFrame(pos, f"negative record offset {offset}")
     key_end = pos + KEY_AT + key_length
     if key_end + VALUE_LENGTH.size > end:
-        raise CorruptFrame(pos, f"key length {key_length} overruns the frame")
+        raise InvalidFrame(pos, f"key length {key_length} overruns the frame")
     (value_length,) = VALUE_LENGTH.unpack_from(buf, key_end)
     value_start = key_end + VALUE_LENGTH.size
     if value_length < NULL_VALUE_LENGTH or value_start + max(value_length, 0) != end:
-        raise CorruptFrame(pos, f"value length {value_length} disagrees with the frame length")
+        raise InvalidFrame(pos, f"value length {value_length} disagrees with the frame length")
     value = None if value_length == NULL_VALUE_LENGTH else bytes(buf[value_start:end])
     record = LogRecord(offset, timestamp, record_type, bytes(buf[pos + KEY_AT : key_end]), value)
     return record, end
+
+
+def _bad_length(buf: bytes | memoryview, pos: int, length: int) -> FrameError:
+    """What a length field outside [MIN_LENGTH, MAX_FRAME_LENGTH] makes of the frame: an
+    InvalidFrame if it is short and the checksum over the bytes it claims holds, an
+    IncompleteFrame if those bytes are not all there yet, else a CorruptFrame."""
+    reason = f"length field {length} outside [{MIN_LENGTH}, {MAX_FRAME_LENGTH}]"
+    if not SHORTEST_CHECKED_LENGTH <= length < MIN_LENGTH:
+        return CorruptFrame(pos, reason)
+    end = pos + LENGTH_FIELD_SIZE + length
+    if end > len(buf):
+        return IncompleteFrame(pos, f"{reason}, cut after {len(buf) - pos} bytes", end - pos)
+    _, crc = PREFIX.unpack_from(buf, pos)
+    if zlib.crc32(memoryview(buf)[pos + CRC_START : end]) == crc:
+        return InvalidFrame(pos, f"{reason}, yet its checksum holds")
+    return CorruptFrame(pos, reason)
 
 
 def iter_frames(buf: bytes | memoryview, pos: int = 0) -> Iterator[tuple[int, LogRecord]]:

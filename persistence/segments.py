@@ -23,6 +23,7 @@ from persistence.frame import (
     CorruptFrame,
     FrameError,
     IncompleteFrame,
+    InvalidFrame,
     LogRecord,
     decode_frame,
     find_next_frame,
@@ -109,7 +110,7 @@ class SegmentState:
         return SegmentInfo(self.base_offset, self.path, self.size)
 
 
-class _OffsetOutOfOrder(CorruptFrame):
+class _OffsetOutOfOrder(InvalidFrame):
     """A valid frame whose offset breaks the order: never a torn write."""
 
 
@@ -194,10 +195,12 @@ class FrameStream:
         self._rest = rest
 
     def damage_is_torn_tail(self) -> bool:
-        """Whether the damage is a torn tail: no valid frame (with an offset in order)
-        starts after it. If one does, the damage is in the middle and nothing may be cut.
-        Reads the rest of the file."""
-        if self.damage is None or isinstance(self.damage, _OffsetOutOfOrder):
+        """Whether the damage is a torn tail: a frame whose checksum does not hold, or
+        that the end of the file cuts short, with no valid frame (with an offset in
+        order) after it. A frame whose checksum holds (an InvalidFrame, an offset out of
+        order) was written so, and is never torn; nor is damage a valid frame follows:
+        it is in the middle, and nothing may be cut. Reads the rest of the file."""
+        if self.damage is None or isinstance(self.damage, InvalidFrame):
             return False
         rest = self._rest + self._read(self.limit - self._read_to)
         return find_next_frame(rest, 0, self._min_offset) is None

@@ -36,11 +36,12 @@ def base_name(base_offset: int) -> str:
 
 
 def parse_base(file_name: str, suffix: str) -> int | None:
-    """The base offset of `<20 digits><suffix>`, else None."""
+    """The base offset of `<20 digits><suffix>`, else None. ASCII digits only: "²" is a
+    digit to str.isdigit, but no number to int()."""
     if not file_name.endswith(suffix):
         return None
     stem = file_name[: -len(suffix)]
-    if len(stem) != BASE_DIGITS or not stem.isdigit():
+    if len(stem) != BASE_DIGITS or not (stem.isascii() and stem.isdigit()):
         return None
     return int(stem)
 

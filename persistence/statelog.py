@@ -387,16 +387,31 @@ class StateLog:
         )
 
     def record_replaced(self, partition: int, position: tuple[int, int, int]) -> None:
-        """The files of a partition were replaced whole (an import) and are on disk up to
-        `position`: its CHECKPOINT entry starts at the journal's end, so that no older
-        frame of it in the journal is ever laid over the new files."""
+        """The files of a partition are being replaced whole (an import), and will be on
+        disk up to `position`: its CHECKPOINT entry starts at the journal's end, so that
+        no older frame of it in the journal is ever laid over the new files."""
         assert self.journal is not None, "only a writable open replaces partitions"
-        partitions = dict(self.checkpoint.partitions)
-        partitions[partition] = PartitionCheckpoint(self.journal.end_lsn, *position)
-        self.checkpoint = Checkpoint(partitions)
-        write_checkpoint(self.fs, self.journal_dir, self.checkpoint)
+        self._set_entry(partition, PartitionCheckpoint(self.journal.end_lsn, *position))
         self.held.discard(partition)
         self.pinned.discard(partition)
+
+    def restore_entry(self, partition: int, entry: PartitionCheckpoint | None) -> None:
+        """Put a partition's CHECKPOINT entry back as it was before record_replaced (the
+        entry then, None for none): an import that failed before its files were in
+        place."""
+        self._set_entry(partition, entry)
+
+    def _set_entry(self, partition: int, entry: PartitionCheckpoint | None) -> None:
+        """Written first, then kept: if the write fails, the next checkpoint (close's)
+        does not record the entry after all."""
+        partitions = dict(self.checkpoint.partitions)
+        if entry is None:
+            partitions.pop(partition, None)
+        else:
+            partitions[partition] = entry
+        checkpoint = Checkpoint(partitions)
+        write_checkpoint(self.fs, self.journal_dir, checkpoint)
+        self.checkpoint = checkpoint
 
     def _journal_entries(self, partition: int) -> list[JournalEntry]:
         """The frames of one partition in the journal since its checkpoint (a partition

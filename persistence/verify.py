@@ -1,10 +1,11 @@
 """`sharecoord log verify`: check a data directory without changing it.
 
-Every frame of every segment is read and checked (length, checksum, magic, field
-lengths) and offsets must rise strictly, within each segment's range. A torn or
-incomplete end of a partition's newest segment is not damage: a crash leaves one (the
-next open cuts it) and a running daemon may be writing the frame right now. It is
-reported as `tail`. Everything else is damage, named by file and byte offset. A
+Every frame of every segment is read and checked (length, checksum, magic, record
+type, field lengths) and offsets must rise strictly, within each segment's range. A
+torn or incomplete end of a partition's newest segment is not damage: a crash leaves
+one (the next open cuts it) and a running daemon may be writing the frame right now. It
+is reported as `tail`. A frame whose checksum holds is never a torn end, wherever it
+lies (frame.py: InvalidFrame). Everything else is damage, named by file and byte offset. A
 partition the data directory says another node holds has no directory here, and that is
 no damage either (`absent`).
 
@@ -26,7 +27,7 @@ from persistence.journal import JournalView, frame_offset, journal_dir, read_che
 from persistence.ownership import absent_by_design
 from persistence.segments import list_segments, scan_partition
 from persistence.staging import SWAP_SUFFIX
-from persistence.statelog import partition_dir, read_meta
+from persistence.statelog import META_FILE, partition_dir, read_meta
 from persistence.swap import pending_staged
 
 
@@ -78,6 +79,9 @@ def verify(data_dir: str | os.PathLike[str], fs: FileOps | None = None) -> Verif
         meta = read_meta(data_dir, fs)
     except LogError as exc:
         return VerifyReport(data_dir, None, problems=[str(exc)])
+    except OSError as exc:  # a meta that is a directory, or cannot be read
+        path = os.path.join(data_dir, META_FILE)
+        return VerifyReport(data_dir, None, problems=[f"{path}: {exc.strerror or exc}"])
     num_partitions: int = meta["num_partitions"]
     report = VerifyReport(data_dir, num_partitions)
     journal = None

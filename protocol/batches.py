@@ -7,12 +7,13 @@ them; every write brings new ones that must be merged into that list.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from operator import attrgetter
 
 import msgspec
 
+from protocol.sweep import sweep
 from protocol.widths import Int8, Int16, Int64
 
 # Delivery states of a record (docs/semantics.md §1.5). Archiving (3) exists in Kafka's enum but is
@@ -116,10 +117,12 @@ def merge_batches(
     batches never pays for finding out.
 
     A clean ``current`` is what the combiner almost always returns, and it makes the
-    walk cheap without changing a single step of it: its batches never merge with one
-    another, so every batch below the first new one is final at once, and once the walk
-    has passed the last new one, what remains of ``current`` is final too. Only the
-    stretch the new batches touch is walked, by the same loop as the general case.
+    work depend on what the new batches touch, not on how much is stored, without
+    changing a single step of the walk: its batches never merge with one another, so
+    every batch that ends before the new ones begin is final at once, and so is every
+    batch that starts after they end (but the first of them, which a piece may reach
+    with the same info). Only that stretch is walked: by the list walk when it is a few
+    batches, by the sweep (``protocol.sweep``) otherwise.
     """
     if len(new) == 1:
         valid = new[0].first_offset <= new[0].last_offset
@@ -135,10 +138,21 @@ def merge_batches(
         return list(current), True
     if len(current) + len(new) < 2:
         return [*current, *new], True
+    # The stretch of current the new batches can reach: from the batch before the first
+    # that ends at or after (lowest first - 1), to the batch after the last that starts
+    # at or before (highest last + 1).
+    lowest = min(b.first_offset for b in new)
+    highest = max(b.last_offset for b in new)
+    lo = max(bisect_left(current, lowest - 1, key=_last_offset) - 1, 0)
+    hi = min(bisect_right(current, highest + 1, key=_first_offset) + 1, len(current))
+    if hi - lo + len(new) > _LIST_WALK_MAX:
+        swept = _swept([*current[lo:hi], *new])
+        merged = [*current[:lo], *swept, *current[hi:]]
+        return merged, is_clean(merged, max(lo - 1, 0), lo + len(swept) + 1)
     remaining = list(current)
     first_at, last_at = len(remaining), -1
     for batch in new:
-        at = bisect_left(remaining, _set_order(batch), key=_set_order)
+        at = bisect_left(remaining, _set_order(batch), lo=lo, key=_set_order)
         remaining.insert(at, batch)
         if at <= last_at:
             last_at += 1
@@ -187,12 +201,21 @@ def _combine(
                 break
     if len(batches) < 2:
         return batches
-    # No set(): duplicates sort next to each other, and the walk's same-info merge of an
-    # identical pair drops one copy, which is what the set would have done. The input is
-    # mostly sorted already (stored batches, then new ones), so the sort is cheap.
+    if all(b.first_offset <= b.last_offset for b in batches):
+        return _swept(batches)
+    # Inverted batches (the edge refuses them; only a library caller or a hand-made log
+    # brings them): the list walk, which can tell when Kafka's would loop forever. No
+    # set(): duplicates sort next to each other, and the walk's same-info merge of an
+    # identical pair drops one copy, which is what the set would have done.
     remaining = sorted(batches, key=_set_order)
-    check_cycles = any(b.first_offset > b.last_offset for b in remaining)
-    return _walk(remaining, 0, 0, check_cycles)[0]
+    return _walk(remaining, 0, 0, True)[0]
+
+
+def _swept(batches: list[StateBatch]) -> list[StateBatch]:
+    """Steps 4 to 7 for valid batches, by the sweep; the batches as StateBatch again."""
+    entries = sorted(map(_set_order, batches))
+    out = sweep(entries)[0] if len(entries) > 1 else entries
+    return [StateBatch(first, last, state, count) for first, last, count, state in out]
 
 
 def prune_batches(batches: list[StateBatch], start_offset: int) -> list[StateBatch]:
@@ -232,6 +255,13 @@ def _prune_clean(batches: Sequence[StateBatch], start_offset: int) -> Sequence[S
 # Kafka's set order (PersisterStateBatch.compareTo): first, last, count, then state.
 _set_order = attrgetter("first_offset", "last_offset", "delivery_count", "delivery_state")
 _last_offset = attrgetter("last_offset")
+_first_offset = attrgetter("first_offset")
+
+# Stretches of up to this many batches (stored ones the new batches can reach, and the
+# new ones) are walked as a list, Kafka's way; longer ones are swept (protocol.sweep).
+# The list walk inserts each piece into a list and may resolve a stretch's batches
+# against one another pairwise, which costs more than the sweep's heap past a dozen.
+_LIST_WALK_MAX = 16
 
 # Inverted input may wander through ever new sets without repeating one; past this many
 # steps it is declared cyclic. Valid input never looks at the bound.

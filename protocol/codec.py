@@ -5,13 +5,16 @@ is the server's side (request bodies in, answers out) and what both sides share;
 ``protocol.client_codec`` is the client's mirror image.
 
 Decoding is msgspec's, straight into the Structs of ``protocol.messages``: it parses
-and checks every type and width in one pass. A body it refuses is explained by
-``protocol.explain`` (the field, what was expected, what came), so a decoder raises only
-``BodyError`` (HTTP 400, code 42), whatever the bytes are. Then one pass over the
-decoded request (``prepare_request``) does what a schema cannot say:
+and checks every type and width in one pass. A body it refuses is parsed again by
+``protocol.reparse`` (which says why one that does not parse does not, and keeps what
+was wrong with a string: bytes that are not UTF-8, a raw control character) and
+explained by ``protocol.explain`` (the field, what was expected, what came), so a
+decoder raises only ``BodyError`` (HTTP 400, code 42), whatever the bytes are. Then one
+pass over the decoded request (``prepare_request``) does what a schema cannot say:
 
-1. ``Limits``: entries per request (partition entries, counting a topic without any as
-   one) and state batches per entry; over a limit, the whole body is refused.
+1. ``Limits``: the group id's length in UTF-8 bytes, entries per request (partition
+   entries, counting a topic without any as one) and state batches per entry; over a
+   limit, the whole body is refused.
 2. Each topic id is a Kafka Uuid in either spelling; its canonical 22-character form
    goes on the topic as ``key_topic_id``.
 3. The edge checks of docs/semantics.md §A: a well-typed entry that fails one is not refused with
@@ -34,7 +37,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import msgpack
 import msgspec
 
 from protocol.batches import DELIVERY_STATES, StateBatch, is_clean
@@ -55,14 +57,17 @@ from protocol.messages import (
     TopicRegistration,
     WritePartition,
 )
+from protocol.reparse import reparse_json, reparse_msgpack
 from protocol.topic_id import canonical_topic_id
-from protocol.widths import TOPIC_ID_EXPECTED
+from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES, TOPIC_ID_EXPECTED
 
 __all__ = [
     "DEFAULT_LIMITS",
     "BodyError",
     "Format",
     "Limits",
+    "check_coordinator_keys",
+    "check_group_id",
     "decode_body",
     "decode_find_coordinator",
     "decode_request",
@@ -141,10 +146,35 @@ def _q_value(params: str) -> float:
 
 @dataclass(frozen=True)
 class Limits:
-    """Request size limits beyond the byte limit (docs/api.md "Security")."""
+    """Request size limits beyond the byte limit (docs/api.md "Limits")."""
 
     max_entries_per_request: int = 5000
     max_state_batches_per_entry: int = 10000
+    max_group_id_bytes: int = DEFAULT_MAX_GROUP_ID_BYTES
+
+
+def check_group_id(group_id: str, limits: Limits) -> None:
+    """Refuse a group id longer than ``max_group_id_bytes`` in UTF-8 (``BodyError``).
+
+    Every record of the log repeats its key's group id, and the daemon holds it for
+    every share-partition it knows: this limit is what bounds a request's records by
+    the size of its body (docs/api.md "Limits")."""
+    size = _bytes_over(group_id, limits.max_group_id_bytes)
+    if size is not None:
+        raise BodyError("group_id", _over_group_id_limit(size, limits))
+
+
+def _bytes_over(text: str, limit: int) -> int | None:
+    """The UTF-8 size of ``text`` if it is over ``limit``, else None."""
+    # A character is 1 to 4 bytes in UTF-8: most texts are decided without encoding.
+    if len(text) * 4 <= limit:
+        return None
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if size > limit else None
+
+
+def _over_group_id_limit(size: int, limits: Limits) -> str:
+    return f"{size} bytes, over the limit of {limits.max_group_id_bytes} (max_group_id_bytes)"
 
 
 DEFAULT_LIMITS = Limits()
@@ -156,28 +186,7 @@ _canonical_topic_id = functools.lru_cache(maxsize=4096)(canonical_topic_id)
 # --- decoding -------------------------------------------------------------------------
 
 
-def _reject_constant(name: str) -> object:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-# The standard parsers, for the error path only: they accept what msgspec refuses to
-# parse (lone surrogates in JSON strings), so the walk can say what was wrong.
-_JSON_DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 _JSON_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
-
-
-def _parse(body: bytes, fmt: Format) -> object:
-    try:
-        if fmt is Format.MSGPACK:
-            return msgpack.unpackb(body, raw=False, strict_map_key=True)
-        return _JSON_DECODER.decode(body.decode("utf-8"))
-    # Whatever the parser raises (ExtraData, FormatError, StackError, UnicodeDecodeError,
-    # RecursionError, ValueError for an over-long int literal, ...), the body did not
-    # parse; msgpack does not document the full list, so none may escape.
-    except Exception as exc:
-        text = str(exc)[:200].encode("utf-8", "backslashreplace").decode("utf-8")
-        name = "msgpack" if fmt is Format.MSGPACK else "JSON"
-        raise BodyError("", f"the body is not valid {name}: {text or type(exc).__name__}") from None
 
 
 _DECODERS: dict[tuple[Any, Format], Callable[[bytes], Any]] = {}
@@ -195,22 +204,27 @@ def _decoder(declared: Any, fmt: Format) -> Callable[[bytes], Any]:
 
 
 def decode_body(declared: type[T], body: bytes, fmt: Format) -> T:
-    """``body`` decoded into ``declared``; raises only ``BodyError``."""
+    """``body`` decoded into ``declared``; raises only ``BodyError``, whatever the bytes."""
     try:
         decoded: T = _decoder(declared, fmt)(body)
         return decoded
-    # msgspec raises RecursionError for nesting too deep, even in a field nobody reads.
-    except (msgspec.MsgspecError, RecursionError) as exc:
+    # msgspec raises its DecodeError (a ValueError) for what is malformed or ill-typed,
+    # UnicodeDecodeError (a ValueError too, not one of msgspec's) for a string that is
+    # not UTF-8, and RecursionError for nesting too deep, even in a field nobody reads.
+    # Each is explained below, on the error path, in the API's words.
+    except (ValueError, RecursionError) as exc:
         refused = exc
-    parsed = _parse(body, fmt)
-    problem = first_problem(parsed, declared)
+    parsed = reparse_msgpack(body, refused) if fmt is Format.MSGPACK else reparse_json(body)
+    problem = first_problem(parsed.value, declared, marked=parsed.marked)
     if problem is not None:
         raise problem
+    if parsed.not_json is not None:
+        raise parsed.not_json
     # The standard parser took what msgspec's did not, and nothing the schema names is
     # wrong (say, a lone surrogate in a field nobody reads): build it from the parse.
     try:
-        return msgspec.convert(parsed, declared)
-    except (msgspec.MsgspecError, RecursionError):
+        return msgspec.convert(parsed.value, declared)
+    except (ValueError, RecursionError):
         raise msgspec_problem(refused) from None
 
 
@@ -237,6 +251,7 @@ def prepare_request(
 ) -> None:
     """The pass over a decoded request that a schema cannot express (module docstring,
     points 1-4). Raises ``BodyError`` for what refuses the whole body."""
+    check_group_id(request.group_id, limits)
     topics = request.topics
     entries = 0
     for ti, topic in enumerate(topics):
@@ -364,12 +379,26 @@ def decode_find_coordinator(
 ) -> FindCoordinatorRequest:
     """``{"keys": [str, ...]}``. The keys are not parsed here: a bad one fails alone."""
     request = decode_body(FindCoordinatorRequest, body, fmt)
-    if len(request.keys) > limits.max_entries_per_request:
-        raise BodyError(
-            "keys",
-            f"{len(request.keys)} keys, more than the limit of {limits.max_entries_per_request}",
-        )
+    check_coordinator_keys(request.keys, limits)
     return request
+
+
+def check_coordinator_keys(keys: list[str], limits: Limits) -> None:
+    """The limits of a find-coordinator request: how many keys, and each key's group id
+    part (what precedes its last two ``:``, the whole key without them). Raises
+    ``BodyError``."""
+    if len(keys) > limits.max_entries_per_request:
+        raise BodyError(
+            "keys", f"{len(keys)} keys, more than the limit of {limits.max_entries_per_request}"
+        )
+    limit = limits.max_group_id_bytes
+    for i, key in enumerate(keys):
+        if len(key) * 4 <= limit:  # its group id part is within the limit, whatever it is
+            continue
+        # As the key's parsing splits it (protocol.routing): trailing ':' dropped.
+        size = _bytes_over(key.rstrip(":").rsplit(":", 2)[0], limit)
+        if size is not None:
+            raise BodyError(f"keys[{i}]", "its group id: " + _over_group_id_limit(size, limits))
 
 
 def decode_topic_registration(body: bytes, fmt: Format) -> tuple[str, str, int]:

@@ -1,46 +1,24 @@
 """The Kafka protocol's connection-level messages the Kafka listener answers besides the
 share-group state RPCs: ApiVersions, FindCoordinator, SaslHandshake, SaslAuthenticate.
-Pure, no I/O. Field layouts per version (``[]`` is an array, compact in flexible
-versions; flexible versions end every structure in tagged fields):
+Pure, no I/O. Their layouts are declared in ``protocol/kafka_specs`` and compiled by
+``protocol.kafka_codec`` (a message decodes into a dict of its snake_case fields, and
+encodes from one); what changes between versions, in short:
 
-ApiVersions (18), response header always v0::
+* ApiVersions (18): v0 has no body and answers ErrorCode and ApiKeys; v1 adds
+  ThrottleTimeMs; v3 (flexible) sends the client's software name and version and may
+  answer tagged feature fields, left at their defaults here, so absent. The response
+  header is always v0.
+* FindCoordinator (10): v0-v3 look up one Key (KeyType from v1) and answer one
+  coordinator at the top level; v4 on look up CoordinatorKeys and answer Coordinators;
+  v3 on are flexible. Key types: 0 group, 1 transaction, 2 share (v6+; key
+  ``group:topicId:partition``).
+* SaslHandshake (17): version 1 only (v0's raw token exchange is not offered).
+* SaslAuthenticate (36): v1 adds SessionLifetimeMs to the response; v2 is flexible.
 
-    v0     request: (empty)
-           response: ErrorCode int16, ApiKeys [ApiKey int16, MinVersion int16,
-           MaxVersion int16]
-    v1-2   request: (empty); response: v0 + ThrottleTimeMs int32
-    v3-4   request: ClientSoftwareName string, ClientSoftwareVersion string
-           response: as v1, flexible; the feature tagged fields (0-3) stay at their
-           defaults, so they are absent
-
-A version newer than ours is answered with a v0 body: error 35 UNSUPPORTED_VERSION and
-ApiVersions' own range, so that the client can retry with a version we have. A v3+
-request whose software name or version does not match Kafka's pattern
-``[a-zA-Z0-9](?:[a-zA-Z0-9\\-.]*[a-zA-Z0-9])?`` is answered with error 42.
-
-FindCoordinator (10)::
-
-    v0     request: Key string
-           response: ErrorCode int16, NodeId int32, Host string, Port int32
-    v1-2   request: Key string, KeyType int8
-           response: ThrottleTimeMs int32, ErrorCode int16, ErrorMessage nullable
-           string, NodeId int32, Host string, Port int32
-    v3     as v1-2, flexible
-    v4-6   request: KeyType int8, CoordinatorKeys [string]
-           response: ThrottleTimeMs int32, Coordinators [Key string, NodeId int32,
-           Host string, Port int32, ErrorCode int16, ErrorMessage nullable string]
-
-Key types: 0 group, 1 transaction, 2 share (v6+; key ``group:topicId:partition``).
-
-SaslHandshake (17), version 1 only (v0's raw token exchange is not offered): request
-Mechanism string; response ErrorCode int16, Mechanisms [string].
-
-SaslAuthenticate (36)::
-
-    v0     request: AuthBytes bytes
-           response: ErrorCode int16, ErrorMessage nullable string, AuthBytes bytes
-    v1     request as v0; response: v0 + SessionLifetimeMs int64
-    v2     as v1, flexible
+A version of ApiVersions newer than ours is answered with a v0 body: error 35
+UNSUPPORTED_VERSION and ApiVersions' own range, so that the client can retry with a
+version we have. A v3+ request whose software name or version does not match Kafka's
+pattern ``[a-zA-Z0-9](?:[a-zA-Z0-9\\-.]*[a-zA-Z0-9])?`` is answered with error 42.
 """
 
 from __future__ import annotations
@@ -49,8 +27,9 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from protocol import kafka_wire as wire
+from protocol.kafka_codec import MessageCodec
 from protocol.kafka_messages import API_VERSIONS, SUPPORTED
+from protocol.kafka_schema import Shape
 from protocol.kafka_wire import Reader
 
 UNSUPPORTED_VERSION = 35
@@ -67,18 +46,27 @@ MIN_BATCHED_VERSION = 4
 _SOFTWARE = re.compile(r"[a-zA-Z0-9](?:[a-zA-Z0-9\-.]*[a-zA-Z0-9])?")
 
 
+_API_VERSIONS_REQUEST = MessageCodec("ApiVersionsRequest")
+_API_VERSIONS_RESPONSE = MessageCodec("ApiVersionsResponse")
+_FIND_COORDINATOR_REQUEST = MessageCodec("FindCoordinatorRequest")
+_SASL_HANDSHAKE_REQUEST = MessageCodec("SaslHandshakeRequest")
+_SASL_HANDSHAKE_RESPONSE = MessageCodec("SaslHandshakeResponse")
+_SASL_AUTHENTICATE_REQUEST = MessageCodec("SaslAuthenticateRequest")
+_SASL_AUTHENTICATE_RESPONSE = MessageCodec("SaslAuthenticateResponse")
+
 # --- ApiVersions --------------------------------------------------------------------------
 
 
 def decode_api_versions(version: int, reader: Reader) -> bool:
     """Whether the request is valid: v3+ carries the client's software name and version,
     which Kafka checks against a pattern. Earlier versions have no body."""
+    request = _API_VERSIONS_REQUEST.decode(version, reader)
     if version < 3:
         return True
-    name = reader.compact_string()
-    software_version = reader.compact_string()
-    reader.skip_tagged_fields()
-    return bool(_SOFTWARE.fullmatch(name) and _SOFTWARE.fullmatch(software_version))
+    return bool(
+        _SOFTWARE.fullmatch(request["client_software_name"])
+        and _SOFTWARE.fullmatch(request["client_software_version"])
+    )
 
 
 def encode_api_versions(
@@ -86,17 +74,10 @@ def encode_api_versions(
 ) -> bytes:
     """The body. ``apis`` are ``(api_key, min, max)``; by default every API we serve."""
     rows = sorted((k, lo, hi) for k, (lo, hi) in SUPPORTED.items()) if apis is None else apis
-    rows = list(rows)
-    if version >= 3:
-        out = [wire.int16(error_code), wire.compact_array_length(len(rows))]
-        out += [wire.int16(k) + wire.int16(lo) + wire.int16(hi) + b"\x00" for k, lo, hi in rows]
-        out += [wire.int32(0), b"\x00"]
-        return b"".join(out)
-    out = [wire.int16(error_code), wire.int32(len(rows))]
-    out += [wire.int16(k) + wire.int16(lo) + wire.int16(hi) for k, lo, hi in rows]
-    if version >= 1:
-        out.append(wire.int32(0))
-    return b"".join(out)
+    api_keys = [{"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in rows]
+    return _API_VERSIONS_RESPONSE.encode(
+        version, {"error_code": error_code, "api_keys": api_keys, "throttle_time_ms": 0}
+    )
 
 
 def unsupported_api_versions() -> bytes:
@@ -124,90 +105,55 @@ class Coordinator:
     error_message: str | None
 
 
+_FIND_COORDINATOR_RESPONSE = MessageCodec(
+    "FindCoordinatorResponse", {"coordinators": Shape(Coordinator)}
+)
+
+
 def decode_find_coordinator(version: int, reader: Reader) -> FindCoordinatorQuery:
-    r = reader
-    if version >= MIN_BATCHED_VERSION:
-        key_type = r.int8()
-        keys = [r.compact_string() for _ in range(r.compact_array_length())]
-        r.skip_tagged_fields()
-        return FindCoordinatorQuery(key_type, keys)
-    key = r.compact_string() if version >= 3 else r.string()
-    key_type = r.int8() if version >= 1 else GROUP_KEY
-    if version >= 3:
-        r.skip_tagged_fields()
-    return FindCoordinatorQuery(key_type, [key])
+    """Before v4 the one key; a v0 request's key type is the declared default, 0."""
+    request = _FIND_COORDINATOR_REQUEST.decode(version, reader)
+    keys = request["coordinator_keys"] if version >= MIN_BATCHED_VERSION else [request["key"]]
+    return FindCoordinatorQuery(request["key_type"], keys)
 
 
 def encode_find_coordinator(version: int, coordinators: Sequence[Coordinator]) -> bytes:
-    """The body; before v4 it carries exactly one coordinator."""
+    """The body; before v4 it carries exactly one coordinator, at the top level."""
     if version >= MIN_BATCHED_VERSION:
-        out = [wire.int32(0), wire.compact_array_length(len(coordinators))]
-        for c in coordinators:
-            out += [
-                wire.compact_string(c.key),
-                wire.int32(c.node_id),
-                wire.compact_string(c.host),
-                wire.int32(c.port),
-                wire.int16(c.error_code),
-                wire.nullable_compact_string(c.error_message),
-                b"\x00",
-            ]
-        out.append(b"\x00")
-        return b"".join(out)
-    (c,) = coordinators
-    if version == 0:
-        return (
-            wire.int16(c.error_code)
-            + wire.int32(c.node_id)
-            + wire.string(c.host)
-            + (wire.int32(c.port))
-        )
-    flexible = version >= 3
-    message = (
-        wire.nullable_compact_string(c.error_message)
-        if flexible
-        else wire.nullable_string(c.error_message)
-    )
-    host = wire.compact_string(c.host) if flexible else wire.string(c.host)
-    body = wire.int32(0) + wire.int16(c.error_code) + message + wire.int32(c.node_id) + host
-    body += wire.int32(c.port)
-    return body + b"\x00" if flexible else body
+        response: dict[str, object] = {"throttle_time_ms": 0, "coordinators": coordinators}
+    else:
+        (c,) = coordinators
+        response = {
+            "throttle_time_ms": 0,
+            "error_code": c.error_code,
+            "error_message": c.error_message,
+            "node_id": c.node_id,
+            "host": c.host,
+            "port": c.port,
+        }
+    return _FIND_COORDINATOR_RESPONSE.encode(version, response)
 
 
 # --- SASL -----------------------------------------------------------------------------------
 
 
 def decode_sasl_handshake(version: int, reader: Reader) -> str:
-    return reader.string()
+    mechanism: str = _SASL_HANDSHAKE_REQUEST.decode(version, reader)["mechanism"]
+    return mechanism
 
 
 def encode_sasl_handshake(error_code: int, mechanisms: Sequence[str]) -> bytes:
-    return b"".join(
-        [wire.int16(error_code), wire.int32(len(mechanisms))] + [wire.string(m) for m in mechanisms]
-    )
+    return _SASL_HANDSHAKE_RESPONSE.encode(1, {"error_code": error_code, "mechanisms": mechanisms})
 
 
 def decode_sasl_authenticate(version: int, reader: Reader) -> bytes:
-    if version >= 2:
-        token = reader.compact_bytes()
-        reader.skip_tagged_fields()
-        return token
-    return reader.bytes_()
+    token: bytes = _SASL_AUTHENTICATE_REQUEST.decode(version, reader)["auth_bytes"]
+    return token
 
 
 def encode_sasl_authenticate(
     version: int, error_code: int, error_message: str | None, token: bytes
 ) -> bytes:
-    if version >= 2:
-        return b"".join(
-            [
-                wire.int16(error_code),
-                wire.nullable_compact_string(error_message),
-                wire.compact_bytes(token),
-                wire.int64(0),  # no session lifetime: the connection stays authenticated
-                b"\x00",
-            ]
-        )
-    body = wire.int16(error_code) + wire.nullable_string(error_message)
-    body += wire.int32(len(token)) + token
-    return body + wire.int64(0) if version >= 1 else body
+    # No session lifetime (the declared default, 0): the connection stays authenticated.
+    response = {"error_code": error_code, "error_message": error_message, "auth_bytes": token}
+    return _SASL_AUTHENTICATE_RESPONSE.encode(version, response)

@@ -3,9 +3,7 @@ table of the APIs the Kafka listener serves. Pure, no I/O.
 
 Requests decode straight into the Structs of ``protocol.messages`` (what the HTTP edge
 decodes its bodies into), so ``protocol.codec.prepare_request`` and the service handle
-them exactly as they handle HTTP; answers encode from the same Structs. All five are
-flexible from version 0: request header v2, response header v1, compact strings and
-arrays, tagged fields after every structure (``protocol.kafka_wire``).
+them exactly as they handle HTTP; answers encode from the same Structs.
 
 Served APIs and versions (what ApiVersions answers; Kafka 4.1-4.3's ranges):
 
@@ -21,32 +19,12 @@ Served APIs and versions (what ApiVersions answers; Kafka 4.1-4.3's ranges):
 | 86 | DeleteShareGroupState | 0 | 0 |
 | 87 | ReadShareGroupStateSummary | 0-1 | 0 |
 
-Requests (every structure ends in tagged fields; ``[...]`` is a compact array)::
-
-    83 Initialize   GroupId string, Topics [TopicId uuid, Partitions [Partition int32,
-                    StateEpoch int32, StartOffset int64]]
-    84 Read         GroupId string, Topics [TopicId uuid, Partitions [Partition int32,
-                    LeaderEpoch int32]]
-    85 Write        GroupId string, Topics [TopicId uuid, Partitions [Partition int32,
-                    StateEpoch int32, LeaderEpoch int32, StartOffset int64,
-                    DeliveryCompleteCount int32 (v1+; -1 when absent),
-                    StateBatches [FirstOffset int64, LastOffset int64,
-                    DeliveryState int8, DeliveryCount int16]]]
-    86 Delete       GroupId string, Topics [TopicId uuid, Partitions [Partition int32]]
-    87 ReadSummary  GroupId string, Topics [TopicId uuid, Partitions [Partition int32,
-                    LeaderEpoch int32]]
-
-Responses::
-
-    83, 85, 86     Results [TopicId uuid, Partitions [Partition int32, ErrorCode int16,
-                   ErrorMessage nullable string]]
-    84 Read        Results [TopicId uuid, Partitions [Partition int32, ErrorCode int16,
-                   ErrorMessage nullable string, StateEpoch int32, StartOffset int64,
-                   StateBatches [FirstOffset int64, LastOffset int64, DeliveryState int8,
-                   DeliveryCount int16]]]
-    87 ReadSummary Results [TopicId uuid, Partitions [Partition int32, ErrorCode int16,
-                   ErrorMessage nullable string, StateEpoch int32, LeaderEpoch int32,
-                   StartOffset int64, DeliveryCompleteCount int32 (v1+)]]
+The layouts of every message and version are declared in ``protocol/kafka_specs`` (one
+JSON file per message, in the shape of Kafka's own) and compiled by
+``protocol.kafka_codec``; this module says which typed message each structure is
+(``_request_shapes``, ``_response_shapes``). The five RPCs are flexible from version 0:
+request header v2, response header v1, compact strings and arrays, tagged fields after
+every structure.
 
 A topic id is 16 bytes on the wire; decoded, it is its 22-character base64url text (as
 Kafka prints it, and as the HTTP API spells it), and the answer writes it back as the
@@ -63,19 +41,20 @@ from typing import Any
 
 from protocol import kafka_wire as wire
 from protocol.batches import StateBatch
+from protocol.kafka_codec import MessageCodec
+from protocol.kafka_schema import MESSAGES, Converter, MessageSpec, Shape, SpecError, Versions
 from protocol.kafka_wire import Reader, WireError
 from protocol.messages import (
-    DeletePartition,
-    InitializePartition,
-    ReadPartition,
+    REQUEST_PARTITIONS,
+    AnyPartitionResult,
+    PartitionResult,
     ReadPartitionResult,
-    ReadSummaryPartition,
     ReadSummaryPartitionResult,
     Rpc,
     ShareGroupStateRequest,
     ShareGroupStateResponse,
     TopicRequest,
-    WritePartition,
+    TopicResult,
 )
 
 FIND_COORDINATOR = 10
@@ -95,18 +74,25 @@ SUPPORTED: dict[int, tuple[int, int]] = {
     86: (0, 0),
     87: (0, 1),
 }
-# apiKey -> first flexible version (None: never flexible).
-_FLEXIBLE_FROM: dict[int, int | None] = {
-    FIND_COORDINATOR: 3,
-    SASL_HANDSHAKE: None,
-    API_VERSIONS: 3,
-    SASL_AUTHENTICATE: 2,
-    83: 0,
-    84: 0,
-    85: 0,
-    86: 0,
-    87: 0,
-}
+
+
+def _declaration(api_key: int, kind: str) -> MessageSpec:
+    """The declared request or response of an API."""
+    (spec,) = [s for s in MESSAGES.values() if s.get("apiKey") == api_key and s["type"] == kind]
+    return spec
+
+
+def _flexible_from(api_key: int) -> int | None:
+    """The first flexible version of an API, as its request's declaration says."""
+    spec = _declaration(api_key, "request")
+    flexible = Versions.parse(spec["flexibleVersions"])
+    if flexible.high is not None and flexible.high >= flexible.low:
+        raise SpecError(f"{spec['name']}: flexible versions must be N+ or none")
+    return flexible.low if flexible.high is None else None
+
+
+# apiKey -> first flexible version (None: never flexible); looked up on every request.
+_FLEXIBLE_FROM: dict[int, int | None] = {key: _flexible_from(key) for key in SUPPORTED}
 RPCS: dict[int, Rpc] = {rpc.api_key: rpc for rpc in Rpc}
 
 
@@ -163,12 +149,6 @@ def topic_raw(text: str) -> bytes:
 
 # --- requests -----------------------------------------------------------------------------
 
-_BATCH = struct.Struct(">qqbh")
-_BATCH_SIZE = _BATCH.size
-_II = struct.Struct(">ii")
-_IIQ = struct.Struct(">iiq")
-_IIIQ = struct.Struct(">iiiq")
-
 
 class Budget:
     """What one request may still hold: entries (a topic with none counts as one, as in
@@ -185,74 +165,68 @@ class Budget:
         if self.entries < 0:
             raise WireError("more partition entries than --max-entries-per-request")
 
-
-def _initialize(r: Reader, version: int, budget: Budget) -> InitializePartition:
-    partition, state_epoch, start_offset = _IIQ.unpack_from(r.buf, r._take(16))
-    r.skip_tagged_fields()
-    return InitializePartition(partition, state_epoch, start_offset)
+    def check_batches(self, n: int) -> None:
+        if n > self.batches:
+            raise WireError("more state batches than --max-state-batches-per-entry")
 
 
-def _read(r: Reader, version: int, budget: Budget) -> ReadPartition:
-    partition, leader_epoch = _II.unpack_from(r.buf, r._take(8))
-    r.skip_tagged_fields()
-    return ReadPartition(partition, leader_epoch)
-
-
-def _read_summary(r: Reader, version: int, budget: Budget) -> ReadSummaryPartition:
-    partition, leader_epoch = _II.unpack_from(r.buf, r._take(8))
-    r.skip_tagged_fields()
-    return ReadSummaryPartition(partition, leader_epoch)
-
-
-def _delete(r: Reader, version: int, budget: Budget) -> DeletePartition:
-    partition = r.int32()
-    r.skip_tagged_fields()
-    return DeletePartition(partition)
-
-
-def _write(r: Reader, version: int, budget: Budget) -> WritePartition:
-    partition, state_epoch, leader_epoch, start_offset = _IIIQ.unpack_from(r.buf, r._take(20))
-    complete = r.int32() if version >= 1 else -1
-    n = r.compact_array_length()
-    if n > budget.batches:
-        raise WireError("more state batches than --max-state-batches-per-entry")
-    batches = []
-    buf = r.buf
-    for _ in range(n):
-        first, last, state, count = _BATCH.unpack_from(buf, r._take(_BATCH_SIZE))
-        r.skip_tagged_fields()
-        batches.append(StateBatch(first, last, state, count))
-    r.skip_tagged_fields()
-    return WritePartition(partition, state_epoch, leader_epoch, start_offset, batches, complete)
-
-
-_ENTRY_READERS: dict[Rpc, Callable[[Reader, int, Budget], Any]] = {
-    Rpc.INITIALIZE: _initialize,
-    Rpc.READ: _read,
-    Rpc.WRITE: _write,
-    Rpc.DELETE: _delete,
-    Rpc.READ_SUMMARY: _read_summary,
+_TOPIC_ID: Converter = (topic_text, topic_raw)
+_RESULT_CLASSES: dict[Rpc, type[AnyPartitionResult]] = {
+    Rpc.READ: ReadPartitionResult,
+    Rpc.READ_SUMMARY: ReadSummaryPartitionResult,
 }
+
+
+def _request_shapes(rpc: Rpc) -> dict[str, Shape]:
+    """Each array counts against the budget before its first element is read."""
+    batches = {"state_batches": "check_batches"} if rpc is Rpc.WRITE else {}
+    shapes = {
+        "": Shape(ShareGroupStateRequest),
+        "topics": Shape(
+            TopicRequest, convert={"topic_id": _TOPIC_ID}, limits={"partitions": "take_entries"}
+        ),
+        "topics.partitions": Shape(REQUEST_PARTITIONS[rpc], limits=batches),
+    }
+    if rpc is Rpc.WRITE:
+        shapes["topics.partitions.state_batches"] = Shape(StateBatch)
+    return shapes
+
+
+def _response_shapes(rpc: Rpc) -> dict[str, Shape]:
+    shapes = {
+        "": Shape(ShareGroupStateResponse),
+        "results": Shape(TopicResult, convert={"topic_id": _TOPIC_ID}),
+        "results.partitions": Shape(_RESULT_CLASSES.get(rpc, PartitionResult)),
+    }
+    if rpc is Rpc.READ:
+        shapes["results.partitions.state_batches"] = Shape(StateBatch)
+    return shapes
+
+
+def _codecs(kind: str, shapes: Callable[[Rpc], dict[str, Shape]]) -> dict[Rpc, MessageCodec]:
+    return {
+        rpc: MessageCodec(
+            _declaration(rpc.api_key, kind)["name"],
+            shapes(rpc),
+            range(SUPPORTED[rpc.api_key][1] + 1),
+        )
+        for rpc in Rpc
+    }
+
+
+_REQUESTS = _codecs("request", _request_shapes)
+_RESPONSES = _codecs("response", _response_shapes)
+_REQUEST_DECODERS = {rpc: codec.decoders for rpc, codec in _REQUESTS.items()}
+_RESPONSE_ENCODERS = {rpc: codec.encoders for rpc, codec in _RESPONSES.items()}
 
 
 def decode_state_request(
     rpc: Rpc, version: int, reader: Reader, budget: Budget
 ) -> ShareGroupStateRequest[Any]:
     """The body of one of the five RPCs, from the reader's position to its end."""
-    read_entry = _ENTRY_READERS[rpc]
-    r = reader
-    group_id = r.compact_string()
-    topics: list[TopicRequest[Any]] = []
-    for _ in range(r.compact_array_length()):
-        raw = r.uuid()
-        n = r.compact_array_length()
-        budget.take_entries(n)
-        entries = [read_entry(r, version, budget) for _ in range(n)]
-        r.skip_tagged_fields()
-        topics.append(TopicRequest(topic_text(raw), entries))
-    r.skip_tagged_fields()
-    r.expect_end()
-    return ShareGroupStateRequest(group_id, topics)
+    request: ShareGroupStateRequest[Any] = _REQUEST_DECODERS[rpc][version](reader, budget)
+    reader.expect_end()
+    return request
 
 
 def is_empty_request(request: ShareGroupStateRequest[Any]) -> bool:
@@ -267,53 +241,17 @@ def is_empty_request(request: ShareGroupStateRequest[Any]) -> bool:
 
 # --- responses ----------------------------------------------------------------------------
 
-_PART = struct.Struct(">ih")
-_READ_TAIL = struct.Struct(">iq")
-_SUMMARY_TAIL = struct.Struct(">iiq")
-_SUMMARY_TAIL_V1 = struct.Struct(">iiqi")
-_BATCH_OUT = struct.Struct(">qqbhx")  # the pad byte is the batch's empty tagged fields
-_CORRELATION = struct.Struct(">i")
-_NULL = b"\x00"
+_SIZE = struct.Struct(">i")
 
 
 def encode_state_response(
     rpc: Rpc, version: int, correlation_id: int, response: ShareGroupStateResponse[Any]
 ) -> bytes:
-    """The whole frame of the answer: size, response header v1, body."""
-    out = bytearray(b"\x00\x00\x00\x00")
-    out += _CORRELATION.pack(correlation_id)
-    out += _NULL  # the header's tagged fields
-    results = response.results
-    out += wire.uvarint(len(results) + 1)
-    summary_tail = _SUMMARY_TAIL_V1 if version >= 1 else _SUMMARY_TAIL
-    for topic in results:
-        out += topic_raw(topic.topic_id)
-        partitions = topic.partitions
-        out += wire.uvarint(len(partitions) + 1)
-        for p in partitions:
-            out += _PART.pack(p.partition, p.error_code)
-            message = p.error_message
-            out += _NULL if message is None else wire.nullable_compact_string(message)
-            if rpc is Rpc.READ:
-                assert isinstance(p, ReadPartitionResult)
-                out += _READ_TAIL.pack(p.state_epoch, p.start_offset)
-                batches = p.state_batches
-                out += wire.uvarint(len(batches) + 1)
-                for b in batches:
-                    out += _BATCH_OUT.pack(
-                        b.first_offset, b.last_offset, b.delivery_state, b.delivery_count
-                    )
-            elif rpc is Rpc.READ_SUMMARY:
-                assert isinstance(p, ReadSummaryPartitionResult)
-                fields = (p.state_epoch, p.leader_epoch, p.start_offset)
-                if version >= 1:
-                    out += summary_tail.pack(*fields, p.delivery_complete_count)
-                else:
-                    out += summary_tail.pack(*fields)
-            out += _NULL
-        out += _NULL
-    out += _NULL
-    struct.pack_into(">i", out, 0, len(out) - 4)
+    """The whole frame of the answer: size, response header, body."""
+    out = bytearray(b"\x00\x00\x00\x00")  # the size, once known
+    wire.write_response_header(out, correlation_id, response_header_version(rpc.api_key, version))
+    _RESPONSE_ENCODERS[rpc][version](out, response)
+    _SIZE.pack_into(out, 0, len(out) - 4)
     return bytes(out)
 
 
@@ -323,31 +261,7 @@ def encode_state_response(
 def encode_state_request(rpc: Rpc, version: int, request: ShareGroupStateRequest[Any]) -> bytes:
     """The body (no header) of a request, for clients: the tests and the benchmark's
     load generator. Topic ids must be in their 22-character form."""
-    out = bytearray(wire.compact_string(request.group_id))
-    out += wire.uvarint(len(request.topics) + 1)
-    for topic in request.topics:
-        out += topic_raw(topic.topic_id)
-        out += wire.uvarint(len(topic.partitions) + 1)
-        for e in topic.partitions:
-            if rpc is Rpc.INITIALIZE:
-                out += _IIQ.pack(e.partition, e.state_epoch, e.start_offset)
-            elif rpc in (Rpc.READ, Rpc.READ_SUMMARY):
-                out += _II.pack(e.partition, e.leader_epoch)
-            elif rpc is Rpc.DELETE:
-                out += wire.int32(e.partition)
-            else:
-                out += _IIIQ.pack(e.partition, e.state_epoch, e.leader_epoch, e.start_offset)
-                if version >= 1:
-                    out += wire.int32(e.delivery_complete_count)
-                out += wire.uvarint(len(e.state_batches) + 1)
-                for b in e.state_batches:
-                    out += _BATCH_OUT.pack(
-                        b.first_offset, b.last_offset, b.delivery_state, b.delivery_count
-                    )
-            out += _NULL
-        out += _NULL
-    out += _NULL
-    return bytes(out)
+    return _REQUESTS[rpc].encode(version, request)
 
 
 def encode_request_frame(

@@ -24,7 +24,7 @@ from typing import Annotated, Generic, TypeVar, cast
 from msgspec import Meta, Struct
 
 from protocol.batches import StateBatch
-from protocol.widths import Int16, Int32, Int64, NonEmptyString, TopicIdText
+from protocol.widths import GroupId, Int16, Int32, Int64, TopicIdText
 
 
 class Rpc(enum.Enum):
@@ -118,7 +118,7 @@ class TopicRequest(Struct, Generic[P], dict=True):
 
 
 class ShareGroupStateRequest(Struct, Generic[P]):
-    group_id: NonEmptyString
+    group_id: GroupId
     topics: list[TopicRequest[P]]
 
     def entry_count(self) -> int:

@@ -14,6 +14,12 @@ import msgspec
 from protocol.batches import StateBatch, is_clean, merge_batches
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
 
+# Kafka's share.coordinator.snapshot.update.records.per.snapshot: default and bound. Only
+# the snapshot-update counter depends on it; a replay that wants the states alone (the
+# tools, the Spark jobs) may take any valid value, and takes the default.
+DEFAULT_RECORDS_PER_SNAPSHOT = 500
+MAX_RECORDS_PER_SNAPSHOT = 500
+
 
 class ShareGroupOffset(msgspec.Struct, frozen=True, gc=False):
     """The stored state of one share-partition (Kafka's ShareGroupOffset). Replaced,
@@ -61,15 +67,40 @@ class KeyState(msgspec.Struct, gc=False):
     snapshot_offset: int | None = None
 
 
-def max_epoch(current: int, fence: int | None) -> int:
+def _max_epoch(current: int, fence: int | None) -> int:
     """The higher of an epoch and a snapshot's fence field (None: no fence)."""
     return current if fence is None or fence < current else fence
 
 
-def max_optional_epoch(current: int | None, epoch: int, fence: int | None) -> int:
-    """``max_epoch`` folded into a maximum that may not exist yet."""
-    best = max_epoch(epoch, fence)
+def _max_optional_epoch(current: int | None, epoch: int, fence: int | None) -> int:
+    """``_max_epoch`` folded into a maximum that may not exist yet."""
+    best = _max_epoch(epoch, fence)
     return best if current is None or current < best else current
+
+
+# The fence rule (docs/semantics.md §2, §4.1-2, §A): a key's fences are the maxima over its
+# history since its last tombstone, which clears them. Fences of (None, None) are a key
+# without state. ShareStateMap keeps them this way, and the compaction fold
+# (spark_jobs/fold.py) takes the fences of the records it folds away by these same two
+# functions.
+
+
+def snapshot_fences(
+    leader_fence: int | None, state_fence: int | None, snapshot: ShareSnapshot
+) -> tuple[int, int]:
+    """A key's (leader fence, state fence) after a snapshot: each the highest of what it
+    was, the snapshot's epoch and its fence field. ``snapshot`` may be anything with a
+    ShareSnapshot's epoch fields (the fold passes the decoded value, batches unread)."""
+    return (
+        _max_optional_epoch(leader_fence, snapshot.leader_epoch, snapshot.fence_leader_epoch),
+        _max_optional_epoch(state_fence, snapshot.state_epoch, snapshot.fence_state_epoch),
+    )
+
+
+def update_leader_fence(leader_fence: int | None, leader_epoch: int) -> int:
+    """A key's leader fence after an update (of that leader epoch). An update leaves the
+    state fence as it was: None for a key that updates alone built."""
+    return leader_epoch if leader_fence is None or leader_fence < leader_epoch else leader_fence
 
 
 class ShareStateMap:
@@ -92,11 +123,19 @@ class ShareStateMap:
     def get(self, key: ShareKey) -> KeyState | None:
         return self.keys.get(key)
 
-    def replay(self, offset: int, record: Record, key_bytes: bytes | None = None) -> None:
+    def replay(
+        self,
+        offset: int,
+        record: Record,
+        key_bytes: bytes | None = None,
+        merged: tuple[list[StateBatch], bool] | None = None,
+    ) -> None:
         """Apply one record read from (or just appended to) the log at ``offset``;
-        ``key_bytes`` is its key as the log holds it, when the caller has it."""
+        ``key_bytes`` is its key as the log holds it, when the caller has it. ``merged``:
+        an update's batches already merged into the key's state, as ``merged_update``
+        gave them for the state the key still has."""
         if isinstance(record, ShareUpdate):
-            self._replay_update(record, key_bytes)
+            self._replay_update(record, key_bytes, merged)
         elif isinstance(record, ShareSnapshot):
             self._replay_snapshot(offset, record, key_bytes)
         elif isinstance(record, ShareTombstone):
@@ -119,19 +158,11 @@ class ShareStateMap:
         # sharecoord's snapshots carry that history across pruning and compaction (§A).
         entry = self.keys.get(record.key)
         if entry is None:
-            entry = KeyState(
-                state,
-                max_epoch(record.leader_epoch, record.fence_leader_epoch),
-                max_epoch(record.state_epoch, record.fence_state_epoch),
-                key_bytes,
-            )
+            entry = KeyState(state, *snapshot_fences(None, None, record), key_bytes)
             self.keys[record.key] = entry
         else:
-            entry.leader_fence = max_optional_epoch(
-                entry.leader_fence, record.leader_epoch, record.fence_leader_epoch
-            )
-            entry.state_fence = max_optional_epoch(
-                entry.state_fence, record.state_epoch, record.fence_state_epoch
+            entry.leader_fence, entry.state_fence = snapshot_fences(
+                entry.leader_fence, entry.state_fence, record
             )
             entry.state = state
             entry.batches_clean = None
@@ -143,7 +174,27 @@ class ShareStateMap:
         entry.snapshot_offset = offset
         self._tombstone_offset = None
 
-    def _replay_update(self, record: ShareUpdate, key_bytes: bytes | None) -> None:
+    def merged_update(self, record: ShareUpdate) -> tuple[list[StateBatch], bool] | None:
+        """The batches (and their clean flag) that replaying ``record`` would give its
+        key, worked out without changing anything: the merge is all the cost of an
+        update, so the daemon does it off the event loop for a long one and hands the
+        result to ``replay``. None when the key has no state yet."""
+        entry = self.keys.get(record.key)
+        if entry is None:
+            return None
+        old = entry.state
+        start = old.start_offset if record.start_offset == -1 else record.start_offset
+        clean = entry.batches_clean
+        if clean is None:
+            clean = is_clean(old.state_batches)
+        return merge_batches(old.state_batches, clean, record.state_batches, start)
+
+    def _replay_update(
+        self,
+        record: ShareUpdate,
+        key_bytes: bytes | None,
+        merged: tuple[list[StateBatch], bool] | None = None,
+    ) -> None:
         entry = self.keys.get(record.key)
         if entry is None:
             # Not reachable through the RPCs (they require Initialize), but a log may hold it.
@@ -157,19 +208,19 @@ class ShareStateMap:
                 tuple(record.state_batches),
                 record.delivery_complete_count,
             )
-            entry = KeyState(state, record.leader_epoch, None, key_bytes)
+            entry = KeyState(state, update_leader_fence(None, record.leader_epoch), None, key_bytes)
             entry.update_count = 0
             self.keys[record.key] = entry
             return
-        entry.leader_fence = max(entry.leader_fence, record.leader_epoch)
+        entry.leader_fence = update_leader_fence(entry.leader_fence, record.leader_epoch)
         old = entry.state
         start = old.start_offset if record.start_offset == -1 else record.start_offset
-        clean = entry.batches_clean
-        if clean is None:
-            clean = is_clean(old.state_batches)
-        batches, entry.batches_clean = merge_batches(
-            old.state_batches, clean, record.state_batches, start
-        )
+        if merged is None:
+            clean = entry.batches_clean
+            if clean is None:
+                clean = is_clean(old.state_batches)
+            merged = merge_batches(old.state_batches, clean, record.state_batches, start)
+        batches, entry.batches_clean = merged
         entry.state = ShareGroupOffset(
             old.snapshot_epoch,
             old.state_epoch,

@@ -82,22 +82,27 @@ def partition_for_key(key: str, num_partitions: int) -> int:
 def parse_coordinator_key(key: str) -> tuple[str, str, int]:
     """Parse ``group:topicId:partition`` as Kafka's share coordinator does (docs/semantics.md §1.2).
 
-    Java ``String.split`` semantics (trailing empty tokens dropped), exactly three
-    tokens, a trimmed non-empty group id, a base64url topic id of 16 bytes, a Java int
-    partition. Returns the re-formatted parts; raises ``ValueError`` naming the problem.
+    Java ``String.split`` semantics (trailing empty tokens dropped), read from the right:
+    the last token is the partition (a Java int), the one before it the topic id
+    (base64url of 16 bytes), and all before those, ``:`` included, the group id exactly
+    as given. It is not trimmed: the RPCs are routed on the group id they carry, so
+    ``" g:T:0"`` must hash ``" g"`` to name the node that serves them. Only a group id
+    that is empty or blank (nothing but characters up to U+0020, Java's ``trim``) is
+    refused, as Kafka refuses it. Returns the group id, the topic id in its 22-char form
+    and the partition; raises ``ValueError`` naming the problem.
     """
     tokens = key.split(":")
     while tokens and tokens[-1] == "":
         tokens.pop()
-    if len(tokens) != 3:
+    if len(tokens) < 3:
         raise ValueError(f"a coordinator key has 3 parts separated by ':', got {len(tokens)}")
-    group_id = _java_trim(tokens[0])
-    if not group_id:
-        raise ValueError("the group id part of the key is empty")
-    topic_id = parse_key_topic_id(tokens[1])
-    if not _JAVA_INT.fullmatch(tokens[2]) or not all(ord(c) < 0x10000 for c in tokens[2]):
+    group_id = ":".join(tokens[:-2])
+    if not _java_trim(group_id):
+        raise ValueError("the group id part of the key is empty or blank")
+    topic_id = parse_key_topic_id(tokens[-2])
+    if not _JAVA_INT.fullmatch(tokens[-1]) or not all(ord(c) < 0x10000 for c in tokens[-1]):
         raise ValueError("the partition part of the key is not an integer")
-    partition = int(tokens[2])
+    partition = int(tokens[-1])
     if not _INT32_MIN <= partition <= _INT32_MAX:
         raise ValueError("the partition part of the key is out of int32 range")
     return group_id, topic_id, partition

@@ -17,9 +17,11 @@ with ``AuthMessage = client-first-bare "," server-first "," client-final-without
 ``ClientKey = PROOF xor HMAC(StoredKey, AuthMessage)``, accepted when ``H(ClientKey) ==
 StoredKey`` (``hmac.compare_digest``), and ``SERVER_SIGNATURE = HMAC(ServerKey,
 AuthMessage)``. The server keeps only the salt, iteration count, StoredKey and ServerKey of
-each user (``derive_credential``), never a password. An unknown user gets a decoy salt
-derived from its name, and fails at the proof exactly as a wrong password does, so the
-exchange does not tell which user names exist. Channel binding (``p=``), mandatory
+each user (``derive_credential``), never a password. An unknown user gets a decoy: the
+salt length and iteration count real users of that mechanism have (``DecoyShape``), a
+salt derived from the mechanism and the name with a key the client cannot know, and it
+fails at the proof exactly as a wrong password does, so the exchange does not tell
+which user names exist. Channel binding (``p=``), mandatory
 extensions (``m=``) and Kafka's delegation-token extension (``tokenauth=true``, not a
 SCRAM attribute) are refused.
 
@@ -42,6 +44,8 @@ SCRAM_SHA_512 = "SCRAM-SHA-512"
 SCRAM_MECHANISMS = (SCRAM_SHA_256, SCRAM_SHA_512)
 MIN_ITERATIONS = 4096  # Kafka's minimum for both mechanisms (and RFC 7677's advice)
 MAX_ITERATIONS = 16384 * 100  # a ceiling so that a credentials file cannot stall logins
+DEFAULT_ITERATIONS = 8192  # what `sharecoord scram add` writes unless told otherwise
+SALT_BYTES = 32  # the salt `sharecoord scram add` draws for each user and mechanism
 
 _HASHES = {SCRAM_SHA_256: "sha256", SCRAM_SHA_512: "sha512"}
 _FAILED = "Authentication failed: Invalid user credentials"
@@ -57,6 +61,29 @@ class ScramCredential:
     iterations: int
     stored_key: bytes
     server_key: bytes
+
+
+@dataclass(frozen=True)
+class DecoyShape:
+    """What an unknown user's server-first message carries besides the nonces: the
+    salt's length and the iteration count. It must be what a real user's carries,
+    and the salt stable per name, or one round trip tells which names exist."""
+
+    key: bytes  # the secret the salts are derived with; never sent
+    salt_bytes: int = SALT_BYTES
+    iterations: int = DEFAULT_ITERATIONS
+
+    def salt(self, mechanism: str, user: str) -> bytes:
+        """HMAC-SHA-256 of the mechanism and the name under ``key``, in counter mode
+        for a salt longer than 32 bytes: a different salt per mechanism, the same for
+        a name every time, and none a client can compute."""
+        message = mechanism.encode("ascii") + b"\x00" + user.encode("utf-8")
+        out = b""
+        block = 0
+        while len(out) < self.salt_bytes:
+            out += _hmac(self.key, block.to_bytes(4, "big") + message, "sha256")
+            block += 1
+        return out[: self.salt_bytes]
 
 
 def _hmac(key: bytes, message: bytes, name: str) -> bytes:
@@ -128,13 +155,13 @@ class ScramServer:
         mechanism: str,
         lookup: Callable[[str, str], ScramCredential | None],
         server_nonce: str,
-        decoy_key: bytes,
+        decoy: DecoyShape,
     ) -> None:
         self._hash = _HASHES[mechanism]
         self._mechanism = mechanism
         self._lookup = lookup
         self._server_nonce = server_nonce
-        self._decoy_key = decoy_key
+        self._decoy_shape = decoy
         self._stage = 0
         self.done = False
         self.user: str | None = None
@@ -193,10 +220,12 @@ class ScramServer:
         return self._server_first
 
     def _decoy(self, user: str) -> ScramCredential:
-        """A salt and keys that are stable per unknown name and match no password."""
-        seed = _hmac(self._decoy_key, user.encode("utf-8"), "sha256")
+        """A salt stable per unknown name, shaped as a real user's, and keys that match
+        no password."""
+        shape = self._decoy_shape
         size = hashlib.new(self._hash).digest_size
-        return ScramCredential(seed[:16], MIN_ITERATIONS, b"\x00" * size, b"\x00" * size)
+        salt = shape.salt(self._mechanism, user)
+        return ScramCredential(salt, shape.iterations, b"\x00" * size, b"\x00" * size)
 
     def _final(self, text: str) -> str:
         credential = self._credential

@@ -37,19 +37,33 @@ from protocol.messages import (
     WritePartition,
 )
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
-from protocol.replay import KeyState, ShareStateMap
+from protocol.replay import (
+    DEFAULT_RECORDS_PER_SNAPSHOT,
+    MAX_RECORDS_PER_SNAPSHOT,
+    KeyState,
+    ShareStateMap,
+)
 
-# Kafka's share.coordinator.snapshot.update.records.per.snapshot: default and bound.
-DEFAULT_RECORDS_PER_SNAPSHOT = 500
-MAX_RECORDS_PER_SNAPSHOT = 500
 # Kafka's share.coordinator.cold.partition.snapshot.interval.ms.
 DEFAULT_COLD_PARTITION_SNAPSHOT_INTERVAL_MS = 300_000
+# The most state batches a share-partition's state may hold (sharecoord's own bound; see
+# ShardConfig). A share-partition leader keeps at most its record locks in flight
+# (Kafka's group.share.partition.max.record.locks, 2,000 by default), and a batch covers
+# one record at least: this leaves it room fifty times over.
+DEFAULT_MAX_STATE_BATCHES = 100_000
 
 
 @dataclass(frozen=True, slots=True)
 class ShardConfig:
+    """``max_state_batches``: a write that would leave a share-partition's state with
+    more batches than this is refused (42). Kafka has no such bound, but nothing else
+    would bound what a key holds: each write may add 10,000 batches, and a snapshot
+    writes the whole state, so one small write could write megabytes, and a state past
+    a frame's 64 MiB could never be snapshotted again."""
+
     records_per_snapshot: int = DEFAULT_RECORDS_PER_SNAPSHOT
     cold_partition_snapshot_interval_ms: int = DEFAULT_COLD_PARTITION_SNAPSHOT_INTERVAL_MS
+    max_state_batches: int = DEFAULT_MAX_STATE_BATCHES
 
     def __post_init__(self) -> None:
         if not 0 <= self.records_per_snapshot <= MAX_RECORDS_PER_SNAPSHOT:
@@ -59,6 +73,8 @@ class ShardConfig:
             )
         if self.cold_partition_snapshot_interval_ms < 1:
             raise ValueError("cold_partition_snapshot_interval_ms must be at least 1")
+        if self.max_state_batches < 1:
+            raise ValueError("max_state_batches must be at least 1")
 
 
 class TopicMetadata(Protocol):
@@ -96,8 +112,19 @@ class ShareCoordinatorShard:
 
     # --- replay -----------------------------------------------------------------------
 
-    def replay(self, offset: int, record: Record, key_bytes: bytes | None = None) -> None:
-        self._state.replay(offset, record, key_bytes)
+    def replay(
+        self,
+        offset: int,
+        record: Record,
+        key_bytes: bytes | None = None,
+        merged: tuple[list[StateBatch], bool] | None = None,
+    ) -> None:
+        self._state.replay(offset, record, key_bytes, merged)
+
+    def merged_update(self, record: ShareUpdate) -> tuple[list[StateBatch], bool] | None:
+        """What replaying ``record`` would make of its key's batches (see
+        ``ShareStateMap.merged_update``); changes nothing."""
+        return self._state.merged_update(record)
 
     def last_redundant_offset(self) -> int | None:
         return self._state.last_redundant_offset()
@@ -211,6 +238,13 @@ class ShareCoordinatorShard:
             False,
             len(batches) < 2 or entry.batches_combined,
         )
+        held = self._over_the_batch_limit(state, record)
+        if held is not None:
+            message = (
+                f"the share-partition's state would hold {held} state batches, over the "
+                f"limit of {self.config.max_state_batches} (max_state_batches_per_share_partition)"
+            )
+            return None, PartitionResult(key.partition, errors.INVALID_REQUEST, message)
         return record, PartitionResult(key.partition, 0, None)
 
     def delete(
@@ -309,6 +343,24 @@ class ShareCoordinatorShard:
         return snapshots
 
     # --- internals --------------------------------------------------------------------
+
+    def _over_the_batch_limit(self, state: KeyState, record: Record) -> int | None:
+        """How many batches the key's state would hold once ``record`` is replayed, if
+        that is more than the limit; None if not. The merge is worked out only when a
+        cheap bound says the limit might be passed: every batch of a merge's output
+        starts where an input batch starts or just after one ends, so an update leaves
+        at most twice the stored and new batches together."""
+        limit = self.config.max_state_batches
+        if isinstance(record, ShareSnapshot):
+            held = len(record.state_batches)
+        else:
+            assert isinstance(record, ShareUpdate)
+            new = len(record.state_batches)
+            if 2 * (len(state.state.state_batches) + new) <= limit:
+                return None
+            merged = self._state.merged_update(record)
+            held = new if merged is None else len(merged[0])
+        return held if held > limit else None
 
     def _unknown_topic_partition(self, key: ShareKey) -> bool:
         if self.metadata is None:

@@ -29,7 +29,23 @@ Int16 = Annotated[int, _int(16)]
 Int32 = Annotated[int, _int(32)]
 Int64 = Annotated[int, _int(64)]
 
-NonEmptyString = Annotated[str, Meta(min_length=1, extra={"expected": "a non-empty string"})]
+# The default of max_group_id_bytes (server.config): Kafka's group ids are short names
+# (its topic names stop at 249 characters), and every record of the state log repeats
+# its key's group id, so the limit bounds what one request can make the daemon write.
+DEFAULT_MAX_GROUP_ID_BYTES = 255
+# Checked after decoding (protocol.codec), in UTF-8 bytes and against the configured
+# limit: a schema's maxLength counts characters. The schema says the default, in
+# characters: a longer string is over the default in bytes too.
+GroupId = Annotated[
+    str,
+    Meta(
+        min_length=1,
+        description="A share group's id: not empty, at most max_group_id_bytes bytes "
+        f"in UTF-8 (default {DEFAULT_MAX_GROUP_ID_BYTES})",
+        extra={"expected": "a non-empty string"},
+        extra_json_schema={"maxLength": DEFAULT_MAX_GROUP_ID_BYTES},
+    ),
+]
 
 TOPIC_ID_EXPECTED = "a Kafka topic id (22 base64url characters or a 36-character RFC 4122 UUID)"
 # Checked after decoding (protocol.topic_id): msgspec cannot express "either spelling",

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from persistence import LogError, read_meta
+from protocol.sasl import DEFAULT_ITERATIONS
 from server import preflight
 from server.config import (
     AUDIT_SETTINGS,
@@ -220,7 +221,8 @@ def _partition_export(args: argparse.Namespace) -> int:
 
 
 def _partition_import(args: argparse.Namespace) -> int:
-    from server.partition_tools import ToolError, import_partition
+    from server.partition_import import import_partition
+    from server.partition_tools import ToolError
 
     values = load_settings(PARTITION_IMPORT_SETTINGS, args, required=("source",))
     data_dir = values["data_dir"]
@@ -231,6 +233,12 @@ def _partition_import(args: argparse.Namespace) -> int:
         _say(args.prog, str(exc))
         return exc.code
     manifest = done.manifest
+    if done.already:
+        print(
+            f"state partition {manifest.partition} of {data_dir} already holds this export "
+            "(an import of it finished before): nothing to do"
+        )
+        return 0
     print(
         f"imported state partition {manifest.partition} into {data_dir} for node {done.node}: "
         f"{manifest.records} records, offsets {manifest.log_start_offset}.."
@@ -277,7 +285,11 @@ def _add_scram_commands(subparsers: Any) -> None:
         parser.add_argument("--user", required=True, metavar="USER", help="SASL user name")
     add.add_argument("--mechanism", required=True, choices=mechanisms)
     add.add_argument(
-        "--iterations", type=int, default=8192, metavar="N", help="PBKDF2 rounds (default 8192)"
+        "--iterations",
+        type=int,
+        default=DEFAULT_ITERATIONS,
+        metavar="N",
+        help=f"PBKDF2 rounds (default {DEFAULT_ITERATIONS})",
     )
     remove.add_argument("--mechanism", choices=mechanisms, help="only this mechanism")
     add.set_defaults(command=_scram_add, prog=add.prog)

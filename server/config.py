@@ -32,8 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from protocol.shard import MAX_RECORDS_PER_SNAPSHOT
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, MAX_RECORDS_PER_SNAPSHOT
+from protocol.shard import DEFAULT_MAX_STATE_BATCHES
 from protocol.topic_id import canonical_topic_id
+from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES
 from server.cluster import (
     MAX_PARTITIONS,
     ClusterError,
@@ -323,6 +325,15 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         _listen,
         metavar="HOST:PORT",
     ),
+    _int(
+        "kafka_max_connections",
+        1000,
+        "Most connections open at once on the Kafka listener; one more is accepted and "
+        "closed at once (counted in sharecoord_kafka_connections_refused_total, logged "
+        "at most once a second). Each takes a file descriptor: keep the open-files limit "
+        "(ulimit -n) well above it.",
+        at_least(1),
+    ),
     Setting(
         "advertised_listener",
         None,
@@ -369,6 +380,26 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
         at_least(1),
     ),
     _int(
+        "max_state_batches_per_share_partition",
+        DEFAULT_MAX_STATE_BATCHES,
+        "Most state batches a share-partition's state may hold: a write that would leave "
+        "more is refused (42). A snapshot writes the whole state, so this bounds what one "
+        "write can make the daemon write and hold; a share-partition leader keeps at most "
+        "its record locks in flight (Kafka's group.share.partition.max.record.locks, 2,000 "
+        "by default).",
+        at_least(1),
+    ),
+    _int(
+        "max_group_id_bytes",
+        DEFAULT_MAX_GROUP_ID_BYTES,
+        "Longest group id accepted, in UTF-8 bytes (400 above; on the Kafka listener the "
+        "connection is closed). Every record of the state log and every share-partition "
+        "the daemon holds repeats its group id, so this bounds what one request can make "
+        "it write and hold. Kafka's group ids are short names (its topic names stop at "
+        "249 characters).",
+        at_least(1),
+    ),
+    _int(
         "segment_bytes",
         104857600,
         "Size at which a state partition's active log segment is rolled.",
@@ -377,7 +408,7 @@ SERVE_SETTINGS: tuple[Setting, ...] = (
     ),
     _int(
         "snapshot_update_records_per_snapshot",
-        500,
+        DEFAULT_RECORDS_PER_SNAPSHOT,
         "Updates of a key between two snapshots of it (docs/semantics.md §6).",
         between(0, MAX_RECORDS_PER_SNAPSHOT),
         kafka_name="share.coordinator.snapshot.update.records.per.snapshot",
@@ -758,12 +789,15 @@ class ServeConfig:
     data_dir: str
     listen: str
     kafka_listener: str | None
+    kafka_max_connections: int
     advertised_listener: str | None
     partitions: int
     topic_catalog: bool
     max_body_bytes: int
     max_entries_per_request: int
     max_state_batches_per_entry: int
+    max_state_batches_per_share_partition: int
+    max_group_id_bytes: int
     segment_bytes: int
     snapshot_update_records_per_snapshot: int
     state_retention_ms: int

@@ -9,6 +9,17 @@ for a request that did not parse (its format is not known), the request's format
 failed expectation. A malformed request is logged in one line at debug level, not as a
 trace: it is the client's mistake, not a bug.
 
+Two requests aiohttp's parser takes are refused here, before any handler, and their
+connection closed: an HTTP/0.9 request line (no version: 400; the API is HTTP/1.1, and a
+0.9 client could not even read a status line), and a ``Transfer-Encoding`` other than
+exactly ``chunked`` (``gzip, chunked``: aiohttp would de-chunk it and hand over the still
+encoded body). RFC 9112 §6.1 asks a server for 501 on a transfer coding it does not
+implement; a value that names none is malformed (400, §6.3). The body is never read.
+An HTTP/0.9 request is its request line alone, while the parser waits for the blank line
+that ends an HTTP/1 header block: the connection's first line, when it has no version,
+gets that blank line, so that it is refused at once rather than when the request timeout
+closes the connection.
+
 A client that connects and sends its request line and headers slowly, or never, is cut
 off after ``request_timeout_s``. aiohttp before 3.14.5 starts no timer until a first
 request was served, and from then on only times out connections idle between requests
@@ -26,7 +37,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from aiohttp import web
+from aiohttp import HttpVersion10, web
 
 from protocol import codec, errors
 from protocol.codec import Format
@@ -34,6 +45,8 @@ from protocol.codec import Format
 _log = logging.getLogger("sharecoord.http")
 
 JSON = "application/json"
+# Longer than any request line aiohttp takes (8190 bytes): past it, nothing to look for.
+_LONGEST_FIRST_LINE = 16 * 1024
 _MEDIA = {Format.MSGPACK: "application/msgpack", Format.JSON: JSON}
 
 
@@ -56,12 +69,35 @@ def _error_body(status: int, message: str) -> tuple[int, str]:
 class ApiRequestHandler(web.RequestHandler):
     """One connection: aiohttp's, with API error bodies and a first-request deadline."""
 
-    __slots__ = ("_first_request_timeout", "_first_request_timer")
+    __slots__ = ("_first_line", "_first_request_timeout", "_first_request_timer")
 
     def __init__(self, manager: web.Server, *, first_request_timeout: float, **kwargs: Any):
         super().__init__(manager, **kwargs)
         self._first_request_timeout = first_request_timeout
         self._first_request_timer: asyncio.TimerHandle | None = None
+        # The connection's first line while it arrives; None once it ended.
+        self._first_line: bytes | None = b""
+
+    def data_received(self, data: bytes) -> None:
+        if self._first_line is not None:
+            data = self._end_a_version_less_first_line(data)
+        super().data_received(data)
+
+    def _end_a_version_less_first_line(self, data: bytes) -> bytes:
+        """``data``, with a blank line after the connection's first line if that is an
+        HTTP/0.9 request line (a method and a target, no version): the request is that
+        line alone, and the blank line lets the parser hand it over to be refused."""
+        assert self._first_line is not None
+        end = data.find(b"\n")
+        if end < 0:
+            seen = self._first_line + data
+            self._first_line = seen if len(seen) <= _LONGEST_FIRST_LINE else None
+            return data
+        line = (self._first_line + data[:end]).rstrip(b"\r")
+        self._first_line = None
+        if len(line.split(b" ")) != 2:
+            return data  # a version, or no request line at all: the parser's to judge
+        return data[: end + 1] + b"\r\n" + data[end + 1 :]
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -125,15 +161,47 @@ class ApiServer(web.Server):
 ServerHandler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 
+def _refusal(request: web.BaseRequest) -> web.Response | None:
+    """The answer to a request the API does not take whatever its route (the module
+    docstring): HTTP/0.9, or a transfer coding other than chunked; else None."""
+    if request.version < HttpVersion10:
+        status, text = 400, "HTTP/0.9 is not supported: send HTTP/1.1"
+    else:
+        coding = request.headers.get("Transfer-Encoding")
+        if coding is None or coding.strip().lower() == "chunked":
+            return None
+        if not coding.replace(",", "").strip():
+            # No coding to implement, and no chunked last to find the body's end by: the
+            # request is malformed (RFC 9112 §6.3), not asking for what we lack.
+            status = 400
+            text = "Transfer-Encoding names no transfer coding"
+        else:
+            status = 501
+            text = f"Transfer-Encoding {_one_line(coding)!r} is not supported"
+        text += ": send the body with Content-Length, or with Transfer-Encoding: chunked alone"
+    _log.debug("refused a request from %s: %s", request.remote, text)
+    fmt = codec.response_format(request.headers.get("Content-Type"), request.headers.get("Accept"))
+    response = web.Response(
+        status=status,
+        body=codec.encode_error(errors.INVALID_REQUEST, text, fmt),
+        content_type=_MEDIA[fmt],
+    )
+    response.force_close()  # a body, if any, is never read
+    return response
+
+
 def _answer_http_errors(handler: ServerHandler) -> ServerHandler:
     """The app's handler, with HTTP errors raised before its middlewares (aiohttp's
-    Expect handling) answered with the API's body; it also tells the connection a
-    request started."""
+    Expect handling) answered with the API's body, and the requests no route takes
+    (``_refusal``) refused; it also tells the connection a request started."""
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         protocol = request.protocol
         if isinstance(protocol, ApiRequestHandler):
             protocol.request_started()
+        refusal = _refusal(request)
+        if refusal is not None:
+            return refusal
         try:
             return await handler(request)
         except web.HTTPException as exc:

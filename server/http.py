@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from aiohttp import web
+from aiohttp import StreamReader, web
 
 from persistence import FileOps, GroupCommitter, StateLog
 from persistence.room import RoomWatch
 from protocol import codec, errors
 from protocol.codec import BodyError, Format
+from protocol.explain import text_problem
 from protocol.messages import (
     REQUEST_PARTITIONS,
     Acknowledged,
@@ -46,7 +49,7 @@ from protocol.messages import (
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
-from protocol.widths import Int32, NonEmptyString, TopicIdText
+from protocol.widths import GroupId, Int32, TopicIdText
 from server.access_log import access_log_level, access_log_middleware
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
@@ -54,6 +57,7 @@ from server.config import ServeConfig
 from server.connection import ServerHandler
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import CounterChild, ShareCoordinatorMetrics
+from server.offload import OFFLOAD_BODY_BYTES, Offload, watch_loop_lag
 from server.routes import Answer, Param, Route
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
@@ -78,12 +82,18 @@ class Coordinator:
     service: CoordinatorService | None = None
     log: StateLog | None = None
     started_at: float = field(default_factory=time.monotonic)
+    offload: Offload = field(default_factory=Offload)
+    # The bodies of the requests waiting for the rest of them, and whether the daemon
+    # stopped reading bodies (stop_reading_bodies).
+    reading_bodies: set[StreamReader] = field(default_factory=set)
+    stopped_reading: bool = False
 
     @property
     def limits(self) -> codec.Limits:
         return codec.Limits(
             max_entries_per_request=self.config.max_entries_per_request,
             max_state_batches_per_entry=self.config.max_state_batches_per_entry,
+            max_group_id_bytes=self.config.max_group_id_bytes,
         )
 
     def rebind(self, cluster: ClusterMap) -> None:
@@ -91,6 +101,17 @@ class Coordinator:
         self.cluster = cluster
         if self.service is not None:
             self.service.cluster = cluster
+
+    def stop_reading_bodies(self) -> int:
+        """At SIGTERM: cut every request still waiting for its body, and every one that
+        starts waiting from now on, instead of waiting for them (up to the request
+        timeout) within the shutdown timeout. They were never answered and are counted
+        as cut off; their connections close. Returns how many were waiting."""
+        self.stopped_reading = True
+        for body in self.reading_bodies:
+            # What aiohttp itself does to a request at the end of the shutdown timeout.
+            body.set_exception(asyncio.CancelledError())
+        return len(self.reading_bodies)
 
     def require_service(self) -> CoordinatorService:
         if self.service is None:  # pragma: no cover - handlers run after startup
@@ -269,8 +290,11 @@ def _unauthorized(request: web.Request, coordinator: Coordinator) -> web.Respons
 # --- request bodies -------------------------------------------------------------------
 
 
-async def _read_body(request: web.Request, config: ServeConfig) -> tuple[bytes, Format, Format]:
+async def _read_body(
+    request: web.Request, coordinator: Coordinator
+) -> tuple[bytes, Format, Format]:
     """The body and its format, and the answer's format; 415 / 413 as docs/api.md says."""
+    config = coordinator.config
     content_type = request.headers.get("Content-Type")
     fmt = codec.format_of(content_type)
     if fmt is None:
@@ -298,9 +322,7 @@ async def _read_body(request: web.Request, config: ServeConfig) -> tuple[bytes, 
         if request.content.is_eof():
             body = await request.read()  # all there already: no deadline needed
         else:
-            # A client that stops sending must not hold the connection and this handler
-            # forever (aiohttp itself only times out idle keep-alive connections).
-            body = await asyncio.wait_for(request.read(), timeout)
+            body = await _read_the_rest(request, coordinator, timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
     except web.RequestPayloadError as exc:
@@ -338,6 +360,20 @@ async def _read_body(request: web.Request, config: ServeConfig) -> tuple[bytes, 
         request.content.feed_eof()
         raise error from None
     return body, fmt, out
+
+
+async def _read_the_rest(request: web.Request, coordinator: Coordinator, timeout: float) -> bytes:
+    """A body still arriving: within the request timeout (a client that stops sending
+    must not hold the connection and this handler forever; aiohttp itself only times out
+    idle keep-alive connections), and not past SIGTERM (``stop_reading_bodies``)."""
+    if coordinator.stopped_reading:
+        raise asyncio.CancelledError()  # as stop_reading_bodies cuts those it found
+    reading = coordinator.reading_bodies
+    reading.add(request.content)
+    try:
+        return await asyncio.wait_for(request.read(), timeout)
+    finally:
+        reading.discard(request.content)
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -394,18 +430,22 @@ def _rpc_handler(
     refused = metrics.rpc_requests.labels(name, errors.INVALID_REQUEST)
     latency = metrics.rpc_latency.labels(name)
     limits = coordinator.limits
-    config = coordinator.config
 
     @_handles_http_errors
     async def handle_rpc(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            body, fmt, out = await _read_body(request, config)
+            body, fmt, out = await _read_body(request, coordinator)
         except _HTTPError:  # 413 / 415: refused bodies, as a 400 is
             refused.inc()
             raise
         try:
-            decoded = codec.decode_request(rpc, body, fmt, limits)
+            if len(body) > OFFLOAD_BODY_BYTES:
+                decoded = await coordinator.offload(
+                    functools.partial(codec.decode_request, rpc, body, fmt, limits)
+                )
+            else:
+                decoded = codec.decode_request(rpc, body, fmt, limits)
         except BodyError as exc:
             refused.inc()
             return error_response(400, errors.INVALID_REQUEST, str(exc), out)
@@ -422,7 +462,7 @@ def _rpc_handler(
 @_handles_http_errors
 async def handle_find_coordinator(request: web.Request) -> web.StreamResponse:
     coordinator = request.app[COORDINATOR]
-    body, fmt, out = await _read_body(request, coordinator.config)
+    body, fmt, out = await _read_body(request, coordinator)
     try:
         decoded = codec.decode_find_coordinator(body, fmt, coordinator.limits)
     except BodyError as exc:
@@ -434,14 +474,15 @@ async def handle_find_coordinator(request: web.Request) -> web.StreamResponse:
 async def handle_admin_state(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
     query = request.query
+    coordinator = request.app[COORDINATOR]
     try:
-        group_id = _query_str(query, "group_id")
+        group_id = _query_group_id(request, coordinator.limits)
         spelled = _query_str(query, "topic_id")
         topic_id = _query_topic_id(spelled)
         partition = _query_int32(query, "partition")
     except ValueError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), fmt)
-    service = request.app[COORDINATOR].require_service()
+    service = coordinator.require_service()
     try:
         state = await service.admin_state(ShareKey(group_id, topic_id, partition))
     except ServiceError as exc:
@@ -468,6 +509,32 @@ def _query_topic_id(spelled: str) -> str:
         raise ValueError(f"query parameter topic_id: {exc}, got {spelled!r}") from None
 
 
+def _query_group_id(request: web.Request, limits: codec.Limits) -> str:
+    group_id = _query_str(request.query, "group_id")
+    if "\ufffd" in group_id:
+        # What aiohttp made of bytes that are not UTF-8 (or a U+FFFD the client sent):
+        # the group id it names is not the one the client had, so it is refused.
+        _refuse_undecodable(request.rel_url.raw_query_string, "group_id")
+    try:
+        codec.check_group_id(group_id, limits)
+    except BodyError as exc:
+        raise ValueError(f"query parameter {exc}") from None
+    return group_id
+
+
+def _refuse_undecodable(raw_query: str, name: str) -> None:
+    """``ValueError`` if the first value of ``name`` in the query, percent-decoded, is
+    not UTF-8."""
+    for key, value in urllib.parse.parse_qsl(
+        raw_query, keep_blank_values=True, errors="surrogateescape"
+    ):
+        if key == name:
+            problem = text_problem(value, marked=True)
+            if problem is not None:
+                raise ValueError(f"query parameter {name}: {problem}")
+            return
+
+
 def _query_str(query: Any, name: str) -> str:
     value = query.get(name)
     if value is None or value == "":
@@ -487,12 +554,16 @@ def _query_int32(query: Any, name: str) -> int:
 
 @_handles_http_errors
 async def handle_register_topic(request: web.Request) -> web.StreamResponse:
-    body, fmt, out = await _read_body(request, request.app[COORDINATOR].config)
+    body, fmt, out = await _read_body(request, request.app[COORDINATOR])
     try:
         _, topic_id, partition_count = codec.decode_topic_registration(body, fmt)
     except BodyError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), out)
-    await request.app[COORDINATOR].require_service().register_topic(topic_id, partition_count)
+    service = request.app[COORDINATOR].require_service()
+    try:
+        await service.register_topic(topic_id, partition_count)
+    except ServiceError as exc:
+        return _service_error(exc, out)
     return _respond(codec.encode(Acknowledged(0), out), out)
 
 
@@ -583,11 +654,12 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
     )
     coordinator.log = log
     try:
-        catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir)
+        catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir, coordinator.fs)
         owned = sorted(coordinator.cluster.owned_by(config.node_id))
         shard_config = ShardConfig(
             records_per_snapshot=config.snapshot_update_records_per_snapshot,
             cold_partition_snapshot_interval_ms=config.cold_partition_snapshot_interval_ms,
+            max_state_batches=config.max_state_batches_per_share_partition,
         )
         runtimes: dict[int, PartitionRuntime] = {}
         metrics = coordinator.metrics
@@ -625,6 +697,7 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
                 exclusive=committer.run_exclusive,
                 room=room,
                 before_serving=committer.prepared,
+                offload=coordinator.offload,
             )
             _track(metrics, runtimes[partition])
         metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))
@@ -648,7 +721,10 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
         )
         coordinator.service = service
         committer.start()
-        loading = asyncio.get_running_loop().create_task(_load_all(runtimes), name="load")
+        loading = asyncio.get_running_loop().create_task(_load_all(runtimes, service), name="load")
+        watching = asyncio.get_running_loop().create_task(
+            watch_loop_lag(metrics.event_loop_lag.labels()), name="loop-lag"
+        )
         service.start_jobs()
         _log.info(
             "serving state partitions %s of %d from %s",
@@ -662,11 +738,15 @@ async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
             for runtime in runtimes.values():
                 runtime.stop()  # replays in threads end now, not when the log does
             loading.cancel()
+            watching.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loading
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
             await service.stop_jobs()
             for runtime in runtimes.values():
                 await runtime.close()
+            await asyncio.to_thread(coordinator.offload.close)
             await committer.close()
     finally:
         await asyncio.to_thread(log.close)
@@ -712,7 +792,7 @@ def _track(metrics: ShareCoordinatorMetrics, runtime: PartitionRuntime) -> None:
     )
 
 
-async def _load_all(runtimes: dict[int, PartitionRuntime]) -> None:
+async def _load_all(runtimes: dict[int, PartitionRuntime], service: CoordinatorService) -> None:
     started = time.perf_counter()
     gate = asyncio.Semaphore(LOAD_CONCURRENCY)
 
@@ -728,6 +808,7 @@ async def _load_all(runtimes: dict[int, PartitionRuntime]) -> None:
         time.perf_counter() - started,
         f"; failed: {failed} (they answer 15, the rest serve)" if failed else "",
     )
+    await service.after_load()
 
 
 def direct_rpc_handler(app: web.Application, through_app: ServerHandler) -> ServerHandler:
@@ -783,7 +864,7 @@ def _rpc_route(rpc: Rpc, kafka_name: str, result: type[AnyPartitionResult]) -> R
 
 
 _KEY_PARAMS = (
-    Param("group_id", NonEmptyString),
+    Param("group_id", GroupId),
     Param("topic_id", TopicIdText),
     Param("partition", Int32),
 )
@@ -828,6 +909,7 @@ ROUTES: tuple[Route, ...] = (
         "(docs/semantics.md §A).",
         body=TopicRegistration,
         answers=(Answer(200, "Registered.", Acknowledged),),
+        refusals=(503,),
     ),
     Route(
         "DELETE",

@@ -15,26 +15,35 @@ The credentials file is JSON, written only by ``sharecoord scram add`` / ``remov
                                           "stored_key": B64, "server_key": B64}}}}
 
 It holds salted keys only (RFC 5802), never a password.
+
+Before a connection has authenticated (when SASL is on), its requests are read only up
+to ``KafkaAuth.handshake_frame_limit`` bytes: what the largest legitimate ApiVersions,
+SaslHandshake or SaslAuthenticate needs, far below ``--max-body-bytes``.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import collections
 import contextlib
+import hashlib
 import json
 import os
 import secrets
 import stat
 import tempfile
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from protocol.sasl import (
     MAX_ITERATIONS,
     MIN_ITERATIONS,
     PLAIN,
+    SALT_BYTES,
     SCRAM_MECHANISMS,
+    DecoyShape,
     SaslFailed,
     ScramCredential,
     ScramServer,
@@ -44,6 +53,17 @@ from protocol.sasl import (
 
 FILE_VERSION = 1
 Credentials = dict[str, dict[str, ScramCredential]]  # user -> mechanism -> credential
+
+# The largest request a connection may send before it has authenticated, besides what
+# the configured secrets add (``KafkaAuth.handshake_frame_limit``). A Kafka client's
+# ApiVersions, SaslHandshake and SaslAuthenticate are a few hundred bytes: a request
+# header with the client id, the software name and version, a mechanism name, a SCRAM
+# message with two nonces and a proof, a PLAIN user name. 8 KiB leaves a client id and a
+# user name several KiB each, and costs 8 MB for a thousand connections that send half.
+HANDSHAKE_FRAME_BYTES = 8192
+# A SCRAM user name is sent escaped (',' and '=' take three bytes) twice in the
+# client-first message (n= and a=): at most six times its length.
+_USER_NAME_COPIES = 6
 
 
 class CredentialsError(ValueError):
@@ -152,14 +172,44 @@ def write_credentials(path: str, credentials: Credentials) -> None:
         os.close(dir_fd)
 
 
-@dataclass
+def decoy_key(credentials: Credentials) -> bytes:
+    """The key unknown users' salts are derived with: a digest of every stored
+    ServerKey. As secret as they are (no client ever sees one), the same at every start
+    while the file is unchanged, and nothing to keep anywhere else. With no credentials
+    there is no name to hide, and no secret is needed."""
+    digest = hashlib.sha256(b"sharecoord SCRAM decoy salts\x00")
+    for user in sorted(credentials):
+        for mechanism in sorted(credentials[user]):
+            digest.update(credentials[user][mechanism].server_key)
+    return digest.digest()
+
+
+def decoy_shape(key: bytes, credentials: Credentials, mechanism: str) -> DecoyShape:
+    """The decoy of one mechanism looks like most of its real users: their most common
+    salt length and iteration count (``scram add --iterations`` may differ per user),
+    else those of the file's other mechanism, else what ``scram add`` writes."""
+    shapes: collections.Counter[tuple[int, int]] = collections.Counter()
+    for mechanisms in credentials.values():
+        credential = mechanisms.get(mechanism)
+        if credential is not None:
+            shapes[len(credential.salt), credential.iterations] += 1
+    if not shapes:
+        for mechanisms in credentials.values():
+            for credential in mechanisms.values():
+                shapes[len(credential.salt), credential.iterations] += 1
+    if not shapes:
+        return DecoyShape(key)
+    (salt_bytes, iterations), _ = shapes.most_common(1)[0]
+    return DecoyShape(key, salt_bytes, iterations)
+
+
+@dataclass(frozen=True)
 class KafkaAuth:
     """What the listener needs to authenticate clients; built once at start."""
 
     token: bytes | None = None
     credentials: Credentials = field(default_factory=dict)
     scram_enabled: bool = False
-    decoy_key: bytes = field(default_factory=lambda: secrets.token_bytes(32))
 
     @property
     def required(self) -> bool:
@@ -172,6 +222,21 @@ class KafkaAuth:
 
     def lookup(self, user: str, mechanism: str) -> ScramCredential | None:
         return self.credentials.get(user, {}).get(mechanism)
+
+    @cached_property
+    def decoys(self) -> dict[str, DecoyShape]:
+        """Each SCRAM mechanism's decoy for unknown users."""
+        key = decoy_key(self.credentials)
+        return {m: decoy_shape(key, self.credentials, m) for m in SCRAM_MECHANISMS}
+
+    @cached_property
+    def handshake_frame_limit(self) -> int:
+        """The largest frame read before authentication: ``HANDSHAKE_FRAME_BYTES`` plus
+        what the longest secret takes (a PLAIN token, six copies of the longest SCRAM
+        user name), so that every configured credential fits."""
+        longest_user = max((len(user.encode("utf-8")) for user in self.credentials), default=0)
+        token = len(self.token) if self.token is not None else 0
+        return HANDSHAKE_FRAME_BYTES + token + _USER_NAME_COPIES * longest_user
 
 
 class SaslSession:
@@ -190,7 +255,10 @@ class SaslSession:
         self.mechanism = mechanism
         if mechanism != PLAIN:
             self._scram = ScramServer(
-                mechanism, self.auth.lookup, secrets.token_urlsafe(24), self.auth.decoy_key
+                mechanism,
+                self.auth.lookup,
+                secrets.token_urlsafe(24),
+                self.auth.decoys[mechanism],
             )
         return True
 
@@ -224,7 +292,8 @@ def _existing(path: str) -> Credentials:
 def add_user(path: str, user: str, mechanism: str, password: bytes, iterations: int) -> None:
     """Add or replace one user's credential for one mechanism (a fresh 32-byte salt)."""
     credentials = _existing(path)
-    credential = derive_credential(mechanism, password, secrets.token_bytes(32), iterations)
+    salt = secrets.token_bytes(SALT_BYTES)
+    credential = derive_credential(mechanism, password, salt, iterations)
     credentials.setdefault(user, {})[mechanism] = credential
     write_credentials(path, credentials)
 

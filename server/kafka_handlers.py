@@ -14,23 +14,25 @@ answer shows is durable.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from protocol import errors
 from protocol import kafka_control as control
 from protocol import kafka_messages as km
 from protocol import kafka_wire as wire
-from protocol.codec import BodyError, Limits, prepare_request
+from protocol.codec import BodyError, Limits, check_coordinator_keys, prepare_request
 from protocol.kafka_wire import Reader, WireError
 from protocol.messages import FindCoordinatorRequest, Rpc, ShareGroupStateResponse
 from protocol.sasl import SaslFailed
 from server.cluster import ClusterMap
 from server.kafka_auth import KafkaAuth, SaslSession
 from server.metrics import CounterChild, HistogramChild, ShareCoordinatorMetrics
-from server.service import CoordinatorService
+from server.offload import OFFLOAD_BODY_BYTES, Offload
+from server.service import CoordinatorService, InOrder, Place
 
 _log = logging.getLogger("sharecoord.kafka")
 
@@ -51,8 +53,9 @@ _NO_NODE = (-1, "", -1)
 
 class CloseConnection(Exception):
     """Kafka closes the connection here; ``reason`` labels the metric, the message is
-    logged at debug (it is the client's doing, not a bug). ``answer``, when set, is sent
-    before closing (a failed authentication says why)."""
+    logged at info with the peer, throttled (``server.kafka_listener``): it is the
+    client's doing, not a bug. ``answer``, when set, is sent before closing (a failed
+    authentication says why)."""
 
     def __init__(self, reason: str, message: str, answer: bytes | None = None) -> None:
         super().__init__(message)
@@ -60,7 +63,7 @@ class CloseConnection(Exception):
         self.answer = answer
 
 
-Answer = bytes | Awaitable[bytes]
+Answer = bytes | Coroutine[Any, Any, bytes]
 
 
 class KafkaApi:
@@ -75,8 +78,10 @@ class KafkaApi:
         auth: KafkaAuth,
         node_id: int,
         single_node: bool,
+        offload: Offload | None = None,
     ) -> None:
         self._service = service
+        self._offload = offload or Offload()
         self._cluster = cluster
         self._metrics = metrics
         self._limits = limits
@@ -90,13 +95,24 @@ class KafkaApi:
     # --- metrics: label children looked up once each ----------------------------------
 
     def count(self, api_key: int, version: int, outcome: str) -> None:
-        child = self._counters.get((api_key, version, outcome))
+        """Count a request. Its labels are never what the client chose: an apiKey we do
+        not serve is ``unknown``, a version outside the API's range ``unsupported``, so
+        the series are at most the served (api, version) pairs, plus one of each kind,
+        times the outcomes, whatever a client sends, authenticated or not."""
+        key = (api_key, version, outcome)
+        child = self._counters.get(key)
         if child is None:
-            name = API_NAMES.get(api_key, "unknown")
-            # Unknown keys and versions share a label value: a client cannot make series.
-            label = str(version) if api_key in API_NAMES else "unknown"
-            child = self._counters[api_key, version, outcome] = self._metrics.kafka_requests.labels(
-                name, label, outcome
+            supported = km.SUPPORTED.get(api_key)
+            if supported is None:
+                self._metrics.kafka_requests.labels("unknown", "unknown", outcome).inc()
+                return
+            name = API_NAMES[api_key]
+            if not supported[0] <= version <= supported[1]:
+                self._metrics.kafka_requests.labels(name, "unsupported", outcome).inc()
+                return
+            # Only served versions are cached: a client's choice must not grow this.
+            child = self._counters[key] = self._metrics.kafka_requests.labels(
+                name, str(version), outcome
             )
         child.inc()
 
@@ -110,7 +126,7 @@ class KafkaApi:
 
     # --- dispatch ---------------------------------------------------------------------
 
-    def handle(self, frame: bytes, session: SaslSession) -> Answer:
+    def handle(self, frame: bytes, session: SaslSession, order: InOrder | None = None) -> Answer:
         api_key, version = wire.peek_api(frame)
         supported = km.SUPPORTED.get(api_key)
         if supported is None:
@@ -133,8 +149,16 @@ class KafkaApi:
             header_version = km.request_header_version(api_key, version)
             correlation_id = wire.skip_request_header(reader, header_version)
             rpc = km.RPCS.get(api_key)
+            if rpc is not None and len(frame) > OFFLOAD_BODY_BYTES:
+                # Decoding it would hold the loop: the request decodes off it, and counts
+                # itself once it knows whether it was well-formed.
+                return self._serve_large(rpc, version, correlation_id, reader, order)
             if rpc is not None:
-                answer: Answer = self._state_rpc(rpc, version, correlation_id, reader)
+                request = self._decode_state_request(rpc, version, reader)
+                if request is None:
+                    answer: Answer = self._empty_answer(rpc, version, correlation_id)
+                else:
+                    answer = self._serve(rpc, version, correlation_id, request, order)
             elif api_key == km.FIND_COORDINATOR:
                 answer = self._find_coordinator(version, correlation_id, reader)
             elif api_key == km.SASL_HANDSHAKE:
@@ -181,8 +205,10 @@ class KafkaApi:
     def _find_coordinator(self, version: int, correlation_id: int, reader: Reader) -> bytes:
         query = control.decode_find_coordinator(version, reader)
         reader.expect_end()
-        if len(query.keys) > self._limits.max_entries_per_request:
-            raise WireError("more coordinator keys than --max-entries-per-request")
+        try:
+            check_coordinator_keys(query.keys, self._limits)
+        except BodyError as exc:
+            raise WireError(str(exc)) from None
         answers = [self._coordinator(version, query.key_type, key) for key in query.keys]
         if query.key_type == control.SHARE_KEY and version >= control.MIN_SHARE_KEY_VERSION:
             found = self._service().find_coordinator(FindCoordinatorRequest(query.keys))
@@ -279,26 +305,76 @@ class KafkaApi:
 
     # --- the five RPCs ------------------------------------------------------------------
 
-    def _state_rpc(self, rpc: Rpc, version: int, correlation_id: int, reader: Reader) -> Answer:
+    def _decode_state_request(self, rpc: Rpc, version: int, reader: Reader) -> Any:
+        """The request, checked at the edge; None for one with nothing in it. Raises
+        WireError."""
         limits = self._limits
         budget = km.Budget(limits.max_entries_per_request, limits.max_state_batches_per_entry)
         request = km.decode_state_request(rpc, version, reader, budget)
-        if km.is_empty_request(request):
-            # Kafka's share coordinator answers these with an empty response, doing nothing.
-            return km.encode_state_response(
-                rpc, version, correlation_id, ShareGroupStateResponse([])
-            )
         try:
+            # Before the empty check: a group id over the limit closes the connection
+            # whatever else the request holds, as on HTTP it refuses the body.
             prepare_request(rpc, request, limits)
-        except BodyError as exc:  # topic ids are always well-formed here; limits were counted
+        except BodyError as exc:  # topic ids are always well-formed here; entries were counted
             raise WireError(str(exc)) from None
-        return self._serve(rpc, version, correlation_id, request, time.perf_counter())
+        if km.is_empty_request(request):
+            return None
+        return request
+
+    def _empty_answer(self, rpc: Rpc, version: int, correlation_id: int) -> bytes:
+        # Kafka's share coordinator answers these with an empty response, doing nothing.
+        return km.encode_state_response(rpc, version, correlation_id, ShareGroupStateResponse([]))
+
+    async def _serve_large(
+        self,
+        rpc: Rpc,
+        version: int,
+        correlation_id: int,
+        reader: Reader,
+        order: InOrder | None,
+    ) -> bytes:
+        started = time.perf_counter()
+        place = order.enter() if order is not None else None
+        try:
+            try:
+                request = await self._offload(
+                    functools.partial(self._decode_state_request, rpc, version, reader)
+                )
+            except WireError as exc:
+                self.count(rpc.api_key, version, "closed")
+                raise CloseConnection(
+                    "malformed", f"{API_NAMES[rpc.api_key]} v{version}: {exc}"
+                ) from None
+            self.count(rpc.api_key, version, "ok")
+            if request is None:
+                return self._empty_answer(rpc, version, correlation_id)
+            return await self._answer(rpc, version, correlation_id, request, started, place)
+        finally:
+            if place is not None:
+                place.leave()
 
     async def _serve(
-        self, rpc: Rpc, version: int, correlation_id: int, request: Any, started: float
+        self, rpc: Rpc, version: int, correlation_id: int, request: Any, order: InOrder | None
+    ) -> bytes:
+        started = time.perf_counter()
+        place = order.enter() if order is not None else None
+        try:
+            return await self._answer(rpc, version, correlation_id, request, started, place)
+        finally:
+            if place is not None:
+                place.leave()
+
+    async def _answer(
+        self,
+        rpc: Rpc,
+        version: int,
+        correlation_id: int,
+        request: Any,
+        started: float,
+        place: Place | None,
     ) -> bytes:
         try:
-            response = await self._service().handle(rpc, request)
+            response = await self._service().handle(rpc, request, place)
             answer = km.encode_state_response(rpc, version, correlation_id, response)
         except Exception:
             # A bug: logged with its trace; the connection closes (Kafka has no per-request

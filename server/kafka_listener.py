@@ -4,22 +4,38 @@ HTTP (docs/api.md#the-kafka-listener).
 
 One ``KafkaConnection`` (an ``asyncio.Protocol``) per client:
 
-* Framing: a 4-byte size, then that many bytes. A size above ``--max-body-bytes`` (or
-  below the smallest header) closes the connection before a byte of the body is kept;
-  the buffer never holds more than the frame being read and what one read brought
+* Admission: at most ``--kafka-max-connections`` are open; one more is accepted and cut
+  off at once (counted, and logged at most once a second with how many were refused).
+* Framing: a 4-byte size, then that many bytes. A size above the limit (or below the
+  smallest header) closes the connection before a byte of the body is kept. The limit
+  is ``--max-body-bytes`` once the connection has authenticated (or when SASL is off);
+  before, only what a handshake needs (``KafkaAuth.handshake_frame_limit``, ~8 KiB).
+  The buffer never holds more than the frame being read and what one read brought
   after it.
 * Order: requests are handled as they arrive, several at once if the client pipelines
   them (Kafka's own persister keeps one in flight per connection); answers are written
-  in request order. At most ``MAX_IN_FLIGHT`` requests wait per connection: then the
-  connection is not read until answers go out.
+  in request order. At most ``MAX_IN_FLIGHT`` requests are in flight per connection,
+  from their arrival until their answer is handed to the socket: being run, waiting for
+  durability, or answered but not yet written. Then the connection is not read until
+  answers go out.
+* Back-pressure: while the socket's write buffer is above its high-water mark
+  (``pause_writing``), the connection is not read, answers wait in the queue, and no
+  request it sent starts to run; ``resume_writing`` lets them go on. A client that does
+  not read its answers thus holds at most one answer in the transport's buffer and
+  ``MAX_IN_FLIGHT`` queued, and costs no more work.
 * Deadlines, as on HTTP (``--request-timeout-s``): a connection that sends no whole
   request within it (idle, or a frame that does not complete) is closed, unless it is
   waiting for our answers; one that does not take its answers within it is cut off.
 * Anything Kafka would close the connection for closes it (``kafka_handlers``); the
-  daemon logs it at debug and serves everyone else.
+  daemon serves everyone else. A close the client caused (a frame that does not parse,
+  an API or version we do not serve, a request before or a failure of authentication,
+  a frame too large) is logged at info with the reason and the peer, at most
+  ``CLOSES_SHOWN`` lines a second and then one line with how many were not shown; the
+  others (idle, shutdown, a bug already logged with its trace) at debug.
 
 TLS, from the first byte, uses the HTTP listener's context (``--tls-cert``,
-``--tls-key``, ``--tls-client-ca``).
+``--tls-key``, ``--tls-client-ca``); a TLS connection counts against the cap once its
+handshake is done (which ``--request-timeout-s`` bounds).
 
 ``KafkaListener.stop`` is the shutdown: stop accepting, stop reading, let the answers in
 flight finish within ``--shutdown-timeout-s``, then close every connection.
@@ -32,18 +48,37 @@ import collections
 import logging
 import socket
 import ssl
+from collections.abc import Coroutine
 from typing import Any, cast
 
 from server.config import ServeConfig, parse_listen
 from server.http import Coordinator
 from server.kafka_auth import KafkaAuth, SaslSession
 from server.kafka_handlers import CloseConnection, KafkaApi
+from server.logs import ThrottledLog, log_event
 from server.metrics import ShareCoordinatorMetrics
+from server.service import InOrder
 
 _log = logging.getLogger("sharecoord.kafka")
 
 MAX_IN_FLIGHT = 32
 _MIN_FRAME = 8  # api key, version, correlation id: no request is shorter
+REFUSALS_LOG_INTERVAL_S = 1.0  # at most one line this often about refused connections
+# Closes a client caused, logged at info: at most CLOSES_SHOWN lines a second.
+CLOSES_SHOWN = 5
+CLOSES_LOG_INTERVAL_S = 1.0
+CLIENT_FAULTS = frozenset(
+    {"malformed", "unsupported", "unauthenticated", "authentication_failed", "too_large"}
+)
+
+
+class _Running:
+    """A request being run; ``answer`` is set once it is ready to be written."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self) -> None:
+        self.answer: bytes | None = None
 
 
 class KafkaConnection(asyncio.Protocol):
@@ -52,33 +87,51 @@ class KafkaConnection(asyncio.Protocol):
         self._api = listener.api
         self._loop = asyncio.get_running_loop()
         self._max_frame = listener.max_frame
+        self._handshake_frame = min(listener.max_frame, listener.api.auth.handshake_frame_limit)
         self._timeout = listener.timeout
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._session = SaslSession(listener.api.auth)
-        # Answers in request order: bytes ready to go, or futures of them.
-        self._pending: collections.deque[bytes | asyncio.Future[bytes]] = collections.deque()
+        self._order = InOrder()  # its requests run their entries in the order they came
+        # In request order, until written: answers ready to go, or requests being run.
+        self._pending: collections.deque[bytes | _Running] = collections.deque()
+        self._admitted = False
         self._closing = False
         self._eof = False
         self._reading_paused = False
         self._write_paused_at: float | None = None
+        self._writable = asyncio.Event()  # clear while the write buffer is too full
+        self._writable.set()
         self._last_progress = 0.0
         self._timer: asyncio.TimerHandle | None = None
+        self._peer = "unknown"
 
     # --- asyncio.Protocol ---------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio.Transport, yet behave as one.
         self._transport = cast(asyncio.Transport, transport)
-        self._listener.connections.add(self)
-        self._listener.metrics.kafka_connections.inc()
+        self._peer = _address(transport.get_extra_info("peername"))
+        listener = self._listener
+        if len(listener.connections) >= listener.max_connections:
+            self._closing = True
+            self._transport.abort()
+            listener.refused()
+            return
+        self._admitted = True
+        listener.connections.add(self)
+        listener.metrics.kafka_connections.inc()
         self._last_progress = self._loop.time()
         self._timer = self._loop.call_later(self._timeout, self._check_deadlines)
-        if self._listener.stopping:
+        if listener.stopping:
             self.close("shutdown")
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closing = True
+        self._writable.set()  # requests waiting to run see the connection is gone
+        self._buf = bytearray()
+        if not self._admitted:
+            return
         self._listener.connections.discard(self)
         self._listener.metrics.kafka_connections.dec()
         if self._timer is not None:
@@ -92,13 +145,22 @@ class KafkaConnection(asyncio.Protocol):
         self._process()
 
     def _process(self) -> None:
-        """Dispatch the whole frames in the buffer, while fewer than MAX_IN_FLIGHT wait:
-        beyond that the connection is not read, and the rest waits in the buffer."""
+        """Dispatch the whole frames in the buffer while fewer than MAX_IN_FLIGHT are in
+        flight and the client takes its answers; otherwise the connection is not read,
+        and the rest waits in the buffer."""
         buf = self._buf
-        while len(buf) >= 4 and len(self._pending) < MAX_IN_FLIGHT:
+        while len(buf) >= 4 and self._has_room():
             size = int.from_bytes(buf[:4], "big", signed=True)
-            if size > self._max_frame:
-                self.close("too_large", f"a frame of {size} bytes, over --max-body-bytes")
+            if self._session.authenticated:
+                if size > self._max_frame:
+                    self.close("too_large", f"a frame of {size} bytes, over --max-body-bytes")
+                    return
+            elif size > self._handshake_frame:
+                self.close(
+                    "too_large",
+                    f"a frame of {size} bytes before authentication "
+                    f"(at most {self._handshake_frame})",
+                )
                 return
             if size < _MIN_FRAME:
                 self.close("malformed", f"a frame of {size} bytes")
@@ -111,10 +173,13 @@ class KafkaConnection(asyncio.Protocol):
             self._dispatch(frame)
             if self._closing:
                 return
-        if len(self._pending) >= MAX_IN_FLIGHT:
+        if not self._has_room():
             self._pause_reading()
         elif self._eof and not self._pending:
             self.close(None)  # the client is done sending, and everything is answered
+
+    def _has_room(self) -> bool:
+        return len(self._pending) < MAX_IN_FLIGHT and self._write_paused_at is None
 
     def eof_received(self) -> bool | None:
         # The client is done sending: answer what it asked, then close (keep the
@@ -126,71 +191,107 @@ class KafkaConnection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused_at = self._loop.time()
+        self._writable.clear()
         self._pause_reading()
 
     def resume_writing(self) -> None:
         self._write_paused_at = None
         self._last_progress = self._loop.time()
-        self._maybe_resume_reading()
+        self._flush()
+        if self._write_paused_at is not None or self._closing:
+            return  # what was queued filled the buffer again
+        self._writable.set()
+        self._resume()
 
     # --- requests -----------------------------------------------------------------------
 
     def _dispatch(self, frame: bytes) -> None:
         try:
-            answer = self._api.handle(frame, self._session)
+            answer = self._api.handle(frame, self._session, self._order)
         except CloseConnection as exc:
-            if exc.answer is not None:
-                self._send(exc.answer)
+            if exc.answer is not None and not self._pending:
+                self._write(exc.answer)  # the last answer, however full the buffer
             self.close(exc.reason, str(exc))
             return
         if isinstance(answer, bytes):
-            self._send(answer)
+            if self._pending or self._write_paused_at is not None:
+                self._pending.append(answer)
+            else:
+                self._write(answer)
             return
-        task = asyncio.ensure_future(answer)
+        running = _Running()
+        self._pending.append(running)
         self._listener.in_flight += 1
-        self._pending.append(task)
-        task.add_done_callback(self._answered)
+        task = asyncio.ensure_future(self._run(answer, running))
+        task.add_done_callback(self._finished)
 
-    def _send(self, answer: bytes) -> None:
-        if self._pending:
-            self._pending.append(answer)
-        elif self._transport is not None and not self._transport.is_closing():
-            self._transport.write(answer)
+    async def _run(self, answer: Coroutine[Any, Any, bytes], running: _Running) -> None:
+        """Run one request once the client takes its answers, and write what is ready.
+        The wait is what keeps a client that does not read from costing work: without
+        it every request in flight would run and pile up its answer."""
+        while not self._writable.is_set():
+            await self._writable.wait()
+        if self._closing:
+            answer.close()  # never started: nothing to undo
+            return
+        running.answer = await answer
+        # Written here, not in a done callback: the next request's check above must
+        # already see a buffer this answer filled.
+        self._flush()
 
-    def _answered(self, task: asyncio.Future[bytes]) -> None:
-        if not task.cancelled():
-            task.exception()  # retrieved here: a connection closed meanwhile never asks
+    def _finished(self, task: asyncio.Future[None]) -> None:
+        error = None if task.cancelled() else task.exception()
+        failed = task.cancelled() or error is not None
         listener = self._listener
         listener.in_flight -= 1
-        if listener.stopping:
-            listener.drained += 0 if task.cancelled() else 1
+        if listener.stopping and not failed:
+            listener.drained += 1
+        if listener.in_flight == 0:
+            listener.idle.set()
+        if self._closing:
+            return
+        if isinstance(error, CloseConnection):  # a large frame, found malformed off the loop
+            self.close(error.reason, str(error))
+            return
+        if failed:
+            self.close("internal", "a request failed")
+            return
+        if not listener.stopping:
+            self._resume()
+
+    def _flush(self) -> None:
+        """Write the answers at the head of the queue that are ready, in request order,
+        until one is not or the client stops taking them."""
         pending = self._pending
-        transport = self._transport
-        while pending:
+        wrote = False
+        while pending and self._write_paused_at is None and not self._closing:
             head = pending[0]
             if isinstance(head, bytes):
                 answer = head
-            elif not head.done():
-                break
-            elif head.cancelled() or head.exception() is not None:
-                pending.clear()
-                self.close("internal", "a request failed")
-                return
+            elif head.answer is not None:
+                answer = head.answer
             else:
-                answer = head.result()
+                break
             pending.popleft()
-            if transport is not None and not transport.is_closing():
-                transport.write(answer)
-        self._last_progress = self._loop.time()
-        if not pending:
-            listener.idle.set()
-        if self._closing or listener.stopping:
-            return
-        if self._buf or self._eof:
-            self._process()  # frames that waited for room, or the end after a half-close
-        self._maybe_resume_reading()
+            self._write(answer)  # may pause writing at once
+            wrote = True
+        if wrote:
+            self._last_progress = self._loop.time()
+
+    def _write(self, answer: bytes) -> None:
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(answer)
 
     # --- flow control and deadlines -----------------------------------------------------
+
+    def _resume(self) -> None:
+        """Room again: the frames that waited for it, the end after a half-close, then
+        reading."""
+        if self._closing or self._listener.stopping:
+            return
+        if self._buf or self._eof:
+            self._process()
+        self._maybe_resume_reading()
 
     def _pause_reading(self) -> None:
         if not self._reading_paused and self._transport is not None:
@@ -200,9 +301,9 @@ class KafkaConnection(asyncio.Protocol):
     def _maybe_resume_reading(self) -> None:
         if (
             self._reading_paused
+            and not self._closing
             and not self._listener.stopping
-            and self._write_paused_at is None
-            and len(self._pending) < MAX_IN_FLIGHT
+            and self._has_room()
             and self._transport is not None
         ):
             self._reading_paused = False
@@ -234,21 +335,36 @@ class KafkaConnection(asyncio.Protocol):
 
     def close(self, reason: str | None, message: str = "") -> None:
         """Close after what was written; answers still pending are dropped."""
-        self._closing = True
-        self._pending.clear()
+        self._drop()
         if reason is not None:
             self._listener.metrics.kafka_closed.labels(reason).inc()
-            _log.debug("Kafka listener: closing a connection (%s): %s", reason, message)
+            if reason in CLIENT_FAULTS:
+                self._listener.closes.log(
+                    "Kafka listener: connection closed",
+                    reason=reason,
+                    peer=self._peer,
+                    # It may quote what the client sent: what UTF-8 cannot carry, escaped.
+                    detail=message.encode("utf-8", "backslashreplace").decode("utf-8"),
+                )
+            else:
+                _log.debug("Kafka listener: closing a connection (%s): %s", reason, message)
         if self._transport is not None and not self._transport.is_closing():
             self._transport.close()
 
     def abort(self, reason: str, message: str) -> None:
-        self._closing = True
-        self._pending.clear()
+        self._drop()
         self._listener.metrics.kafka_closed.labels(reason).inc()
         _log.info("Kafka listener: %s; cut off", message)
         if self._transport is not None:
             self._transport.abort()
+
+    def _drop(self) -> None:
+        """Forget what this connection holds: the frames read, the answers queued; the
+        requests waiting to run are told to give up."""
+        self._closing = True
+        self._pending.clear()
+        self._buf = bytearray()
+        self._writable.set()
 
 
 class KafkaListener:
@@ -260,18 +376,61 @@ class KafkaListener:
         max_frame: int,
         timeout: float,
         ssl_context: ssl.SSLContext | None,
+        max_connections: int,
     ) -> None:
         self.api = api
         self.metrics = metrics
         self.max_frame = max_frame
         self.timeout = timeout
         self.ssl_context = ssl_context
+        self.max_connections = max_connections
         self.connections: set[KafkaConnection] = set()
         self.in_flight = 0
         self.stopping = False
         self.drained = 0
         self.idle = asyncio.Event()
         self._server: asyncio.AbstractServer | None = None
+        self.closes = ThrottledLog(
+            _log,
+            "info",
+            "Kafka listener: more connections closed than shown",
+            burst=CLOSES_SHOWN,
+            interval_s=CLOSES_LOG_INTERVAL_S,
+        )
+        self._refused_unlogged = 0
+        self._refusals_timer: asyncio.TimerHandle | None = None
+
+    def refused(self) -> None:
+        """A connection over ``--kafka-max-connections`` was cut off: counted at once,
+        logged at most once every ``REFUSALS_LOG_INTERVAL_S`` with how many since the
+        last line (a flood of connections must not become a flood of lines)."""
+        self.metrics.kafka_refused.inc()
+        self._refused_unlogged += 1
+        if self._refusals_timer is None:
+            self._log_refusals()
+            self._refusals_timer = asyncio.get_running_loop().call_later(
+                REFUSALS_LOG_INTERVAL_S, self._refusals_due
+            )
+
+    def _refusals_due(self) -> None:
+        if self._refused_unlogged:
+            self._log_refusals()
+            self._refusals_timer = asyncio.get_running_loop().call_later(
+                REFUSALS_LOG_INTERVAL_S, self._refusals_due
+            )
+        else:
+            self._refusals_timer = None
+
+    def _log_refusals(self) -> None:
+        log_event(
+            _log,
+            "warning",
+            "Kafka listener: connections refused, at kafka_max_connections",
+            refused=self._refused_unlogged,
+            open=len(self.connections),
+            kafka_max_connections=self.max_connections,
+        )
+        self._refused_unlogged = 0
 
     async def start(self, sock: socket.socket) -> tuple[str, int]:
         """Serve on a bound, listening socket; returns its address."""
@@ -306,9 +465,23 @@ class KafkaListener:
         cut_off = self.in_flight
         for connection in list(self.connections):
             connection.close("shutdown")
+        if self._refusals_timer is not None:
+            self._refusals_timer.cancel()
+            self._refusals_timer = None
+        if self._refused_unlogged:
+            self._log_refusals()
+        self.closes.close()
         if self._server is not None:
             await self._server.wait_closed()
         return self.drained, cut_off
+
+
+def _address(peer: Any) -> str:
+    """``host:port`` (``[host]:port`` for IPv6) of a socket address, as the log shows it."""
+    if not isinstance(peer, tuple) or len(peer) < 2:
+        return "unknown"
+    host = str(peer[0])
+    return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
 
 
 def bind_kafka_socket(address: str) -> socket.socket:
@@ -336,6 +509,7 @@ async def start_kafka_listener(
         auth,
         config.node_id,
         single_node=config.cluster is None,
+        offload=coordinator.offload,
     )
     listener = KafkaListener(
         api,
@@ -343,6 +517,7 @@ async def start_kafka_listener(
         max_frame=config.max_body_bytes,
         timeout=config.request_timeout_s,
         ssl_context=ssl_context,
+        max_connections=config.kafka_max_connections,
     )
     bound_host, bound_port = await listener.start(sock)
     return listener, bound_host, bound_port

@@ -21,6 +21,7 @@ started with ``--log-format json`` prints nothing that is not a JSON line.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
@@ -129,6 +130,49 @@ def log_event(
     levelno = LEVELS[level] if isinstance(level, str) else level
     if logger.isEnabledFor(levelno):
         logger.log(levelno, msg, exc_info=exc_info, extra={_FIELDS: fields}, stacklevel=2)
+
+
+class ThrottledLog:
+    """Log lines of one kind, at most ``burst`` per ``interval_s`` seconds: the ones over
+    are only counted, and the interval ends with one line (``summary``) saying how many
+    were not shown. A flood of events a client can cause (connections closed for bad
+    frames) so costs a few lines a second, and the count loses none. The interval
+    starts with the first event after a quiet one; it runs on the event loop's clock."""
+
+    def __init__(
+        self, logger: logging.Logger, level: str, summary: str, *, burst: int, interval_s: float
+    ) -> None:
+        self._logger = logger
+        self._level = level
+        self._summary = summary
+        self._burst = burst
+        self._interval_s = interval_s
+        self._shown = 0
+        self._hidden = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def log(self, msg: str, /, **fields: Any) -> None:
+        """One event: a line while the interval has room, else a count."""
+        if self._timer is None:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self._interval_s, self._end_interval)
+        if self._shown < self._burst:
+            self._shown += 1
+            log_event(self._logger, self._level, msg, **fields)
+        else:
+            self._hidden += 1
+
+    def close(self) -> None:
+        """The end of the last interval, now (at shutdown)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._end_interval()
+
+    def _end_interval(self) -> None:
+        self._timer = None
+        if self._hidden:
+            log_event(self._logger, self._level, self._summary, not_shown=self._hidden)
+        self._shown = self._hidden = 0
 
 
 def event_fields(record: logging.LogRecord) -> dict[str, Any]:

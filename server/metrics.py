@@ -385,6 +385,13 @@ class ShareCoordinatorMetrics:
             "Duration of the last load (replay) of the state partition.",
             ("partition",),
         )
+        self.event_loop_lag = self._loop_histogram(
+            "sharecoord_event_loop_lag_seconds",
+            "How late the event loop ran a timer due every 10 ms: how long something held "
+            "it (a long request, a scrape, the garbage collector) while others waited.",
+            (),
+            LATENCY_BUCKETS,
+        )
         self.http_errors = self._counter(
             "sharecoord_http_error_responses_total",
             "HTTP answers with a 4xx or 5xx status, by status.",
@@ -394,8 +401,10 @@ class ShareCoordinatorMetrics:
         # HTTP ones keep their meaning.
         self.kafka_requests = self._loop_counter(
             "sharecoord_kafka_requests_total",
-            "Requests on the Kafka listener by api (Kafka's name), version and outcome: "
-            "ok, or closed (malformed, refused before authentication, over a limit).",
+            "Requests on the Kafka listener by api (Kafka's name, or unknown), version "
+            "(unsupported for one outside the api's range) and outcome: ok, "
+            "unsupported_version (an ApiVersions too new) or closed (malformed, refused "
+            "before authentication, over a limit).",
             ("api", "version", "outcome"),
         )
         self.kafka_latency = self._loop_histogram(
@@ -411,8 +420,14 @@ class ShareCoordinatorMetrics:
             "sharecoord_kafka_connections_closed_total",
             "Kafka listener connections the daemon closed, by reason (malformed, "
             "unsupported, unauthenticated, authentication_failed, too_large, idle, "
-            "slow_reader, shutdown).",
+            "slow_reader, internal, shutdown).",
             ("reason",),
+        )
+        self.kafka_refused = self._counter(
+            "sharecoord_kafka_connections_refused_total",
+            "Kafka listener connections cut off as they came because "
+            "kafka_max_connections were open.",
+            (),
         )
 
     # prometheus_client's classes register themselves when given the registry.

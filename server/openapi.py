@@ -48,7 +48,8 @@ Every answer other than 200 carries `{"error_code", "error_message"}`. A body is
 whole, with nothing applied, when it cannot be used: 400 when it does not parse, has a
 field of the wrong type or an integer outside its field's width, lacks a required field
 or exceeds a limit; 413 when it is larger than --max-body-bytes; 415 when its
-Content-Type is neither JSON nor msgpack, or it comes with a Content-Encoding. A body
+Content-Type is neither JSON nor msgpack, or it comes with a Content-Encoding; 501,
+unread, when it comes with a Transfer-Encoding other than chunked alone. A body
 that is well-formed but holds one bad partition entry fails that entry alone: its
 result carries code 42, and the other entries run. Fields the API does not know are
 ignored.
@@ -96,6 +97,11 @@ REFUSALS: dict[int, tuple[str, str]] = {
     421: (
         "NotCoordinator",
         f"Another node owns the key's state partition (code {errors.NOT_COORDINATOR}).",
+    ),
+    501: (
+        "NotImplemented",
+        "A Transfer-Encoding other than chunked alone; the body is not read "
+        f"(code {errors.INVALID_REQUEST}).",
     ),
     503: (
         "Unavailable",
@@ -253,7 +259,9 @@ def _paths(routes: Iterable[Route], schema_of: Callable[[Any], dict[str, Any]]) 
 
 
 def _statuses(route: Route) -> list[int]:
-    shared = {417}  # aiohttp refuses an Expect it does not know before any handler
+    # Refused before any handler: an Expect aiohttp does not know, a transfer coding
+    # other than chunked (server.connection).
+    shared = {417, 501}
     if route.path.startswith(GUARDED_PREFIX):
         shared.add(401)
     if route.body is not None:

@@ -4,6 +4,13 @@ An operation runs to completion synchronously on the event loop: the shard valid
 (``handle``), the records are appended to the log's buffer and replayed into the shard,
 and the caller gets the response together with the offset it must wait for. Nothing
 awaits in between, so operations on a partition run one at a time, in arrival order.
+
+But for a long write: one whose batches and the key's stored batches number more than
+``OFFLOAD_BATCHES`` would hold the event loop for milliseconds, so its rule, record and
+merge are worked out on the offload thread (``execute_offloaded``), and only the append
+and the state change happen on the loop. Meanwhile the partition is taken: every other
+operation on it, and every job, waits its turn (``turn``/``release``), in arrival order;
+the other partitions go on.
 The caller answers only once the group commit says that offset is durable; a read waits
 for everything it observed.
 
@@ -26,17 +33,19 @@ serves reads until the committer has room again.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import enum
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from persistence import FileOps, LogRecord, PartitionFailedError, PartitionLog
 from persistence.fileops import is_disk_full
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
 from persistence.room import RoomWatch
+from protocol.batches import StateBatch
 from protocol.messages import AnyPartitionResult, Rpc
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
@@ -65,6 +74,16 @@ SLOW_LOAD_S = 1.0
 # Said of a failed partition that serves reads (its `error`, /readyz, the log).
 READS_SERVED = "the disk is full: reads are served, writes answer 15 until it has room"
 READS_SERVED_UNTIL_THE_DISK_WORKS = "reads are served, writes answer 15 until the disk works"
+
+# A write entry whose new batches and its key's stored ones number more than this leaves
+# the event loop (the module docstring). Merging is a few microseconds per batch, more on
+# adversarial shapes: at this size the loop is held at most a few milliseconds.
+OFFLOAD_BATCHES = 256
+
+UNSYNCED_SWEEP_MIN = 1024
+
+T = TypeVar("T")
+Offload = Callable[[Callable[[], T]], Awaitable[T]]
 
 
 class Status(enum.Enum):
@@ -98,8 +117,18 @@ class PartitionRuntime:
         exclusive: Callable[[Callable[[], None]], Awaitable[None]] | None = None,
         room: RoomWatch | None = None,
         before_serving: Callable[[], Awaitable[None]] | None = None,
+        offload: Offload[Any] | None = None,
     ) -> None:
         self.partition = partition
+        # Where long operations run (the node's one offload thread).
+        self._offload: Offload[Any] = offload or asyncio.to_thread
+        # Taken while an offloaded operation runs, and handed from waiter to waiter.
+        self._held = False
+        self._turns: collections.deque[asyncio.Future[None]] = collections.deque()
+        # The offset of each key's last record, while it may not be durable yet; swept
+        # of durable ones whenever it doubled, so it holds about what awaits a commit.
+        self._unsynced: dict[ShareKey, int] = {}
+        self._unsynced_sweep_at = UNSYNCED_SWEEP_MIN
         # Where a reset runs: the commit thread (GroupCommitter.run_exclusive), so it
         # never overlaps a cycle carrying one of this partition's batches.
         self._exclusive = exclusive or asyncio.to_thread
@@ -214,6 +243,7 @@ class PartitionRuntime:
         shard = self._new_shard()
         self.log.open(on_record=self._unless_closing(_replayer(shard, self.partition)))
         self.shard = shard
+        self._unsynced = {}  # all of a freshly opened log is durable
 
     def _unless_closing(self, replay: Callable[[LogRecord], None]) -> Callable[[LogRecord], None]:
         """``replay`` that gives up at the next record once ``close`` (or ``stop``) was
@@ -268,6 +298,76 @@ class PartitionRuntime:
         record, result = _OPERATIONS[rpc](self.shard, key, entry)
         return None if record is not None else result
 
+    # --- long operations: off the loop, the partition taken ---------------------------
+
+    @property
+    def held(self) -> bool:
+        """Whether the partition is taken: an operation must wait its ``turn``."""
+        return self._held
+
+    async def turn(self) -> None:
+        """Take the partition, after everyone who asked before; ``release`` gives it on."""
+        if not self._held:
+            self._held = True
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._turns.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release()  # handed over just as the caller was cancelled: pass it on
+            elif waiter in self._turns:  # (release drops cancelled waiters it meets)
+                self._turns.remove(waiter)
+            raise
+
+    def release(self) -> None:
+        turns = self._turns
+        while turns:
+            waiter = turns.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._held = False
+
+    def is_long(self, rpc: Rpc, key: ShareKey, entry: Any) -> bool:
+        """Whether ``execute`` would hold the loop too long for this entry."""
+        if rpc is not Rpc.WRITE:
+            return False
+        batches = len(entry.state_batches)
+        if batches > OFFLOAD_BATCHES:
+            return True
+        state = self.shard.key_state(key)
+        return state is not None and batches + len(state.state.state_batches) > OFFLOAD_BATCHES
+
+    async def execute_offloaded(self, rpc: Rpc, key: ShareKey, entry: Any) -> AnyPartitionResult:
+        """``execute`` with its work (the rule, the record's encoding, the merge) done on
+        the offload thread. The caller holds the partition (``turn``), so the shard does
+        not change meanwhile, but for a reload after a failed commit: then this raises
+        PartitionFailedError, as ``execute`` does after one."""
+        failure = self.log.failure
+        if failure is not None:
+            raise PartitionFailedError(self.partition, failure)
+        shard = self.shard
+
+        def work() -> _Worked:
+            record, result = _OPERATIONS[rpc](shard, key, entry)
+            if record is None:
+                return None, result, None, None
+            merged = shard.merged_update(record) if isinstance(record, ShareUpdate) else None
+            return record, result, _frame(shard, record), merged
+
+        worked: _Worked = await self._offload(work)
+        record, result, framed, merged = worked
+        failure = self.log.failure
+        if self.shard is not shard or self.status is not Status.ACTIVE or failure is not None:
+            raise PartitionFailedError(self.partition, failure)
+        if rpc is Rpc.WRITE:
+            self.shard_writes += 1
+        if record is not None:
+            self._append(record, framed, merged)
+        return result
+
     def run_job(self, job: Callable[[ShareCoordinatorShard], list[Record]]) -> int:
         """Run a maintenance job (topic deletion, retention, cold snapshots) over the
         shard and append what it asks for; returns how many records that was."""
@@ -276,23 +376,21 @@ class PartitionRuntime:
             self._append(record)
         return len(records)
 
-    def _append(self, record: Record) -> None:
-        """Frame one record into the log's buffer and replay it. The key's bytes come
-        from its state when it has one (every write after the first)."""
+    def _append(
+        self, record: Record, framed: _Framed | None = None, merged: _Merged | None = None
+    ) -> None:
+        """Frame one record into the log's buffer and replay it; ``framed`` and
+        ``merged`` are that work done beforehand (``execute_offloaded``)."""
         shard = self.shard
-        key = record.key
-        state = shard.key_state(key)
-        key_bytes = state.key_bytes if state is not None else None
-        if key_bytes is None:
-            key_bytes = encode_key(key)
-        value: bytes | None
-        if isinstance(record, ShareUpdate):
-            value, record_type = encode_update_value(record), UPDATE_RECORD_TYPE
-        else:
-            value = encode_value(record) if isinstance(record, ShareSnapshot) else None
-            record_type = SNAPSHOT_RECORD_TYPE
+        record_type, key_bytes, value = framed or _frame(shard, record)
         offset = self.log.append(record_type, key_bytes, value, self._now_ms())
-        shard.replay(offset, record, key_bytes)
+        shard.replay(offset, record, key_bytes, merged)
+        unsynced = self._unsynced
+        if len(unsynced) >= self._unsynced_sweep_at:
+            durable = self.log.durable_end_offset
+            unsynced = self._unsynced = {k: o for k, o in unsynced.items() if o >= durable}
+            self._unsynced_sweep_at = max(UNSYNCED_SWEEP_MIN, 2 * len(unsynced))
+        unsynced[record.key] = offset
         self.records_appended += 1
         self.bytes_appended += FRAME_OVERHEAD + len(key_bytes) + (len(value) if value else 0)
 
@@ -302,6 +400,16 @@ class PartitionRuntime:
             return None  # failed, with a shard that holds only what is durable
         end = self.log.log_end_offset
         return end - 1 if end > self.log.durable_end_offset else None
+
+    def pending_offset_of(self, key: ShareKey) -> int | None:
+        """The offset an answer about ``key`` given now must wait for: its last record,
+        unless that is durable already (None). What a key's answer shows rests on its
+        own records alone, so a read of a quiet key does not wait behind the commit of
+        another key's long write."""
+        offset = self._unsynced.get(key)
+        if offset is None or offset < self.log.durable_end_offset:
+            return None
+        return offset
 
     # --- failure and recovery ---------------------------------------------------------
 
@@ -413,6 +521,7 @@ class PartitionRuntime:
         for record in self.log.read(0):
             replay(record)
         self.shard = shard
+        self._unsynced = {}  # cut back to what is durable
 
     def stop(self) -> None:
         """Stop loading and recovering: a replay running in a thread ends at its next
@@ -426,6 +535,24 @@ class PartitionRuntime:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+_Framed = tuple[int, bytes, bytes | None]  # record type, key, value
+_Merged = tuple[list[StateBatch], bool]
+_Worked = tuple[Record | None, AnyPartitionResult, _Framed | None, _Merged | None]
+
+
+def _frame(shard: ShareCoordinatorShard, record: Record) -> _Framed:
+    """A record as the log stores it. The key's bytes come from its state when it has
+    one (every write after the first)."""
+    state = shard.key_state(record.key)
+    key_bytes = state.key_bytes if state is not None else None
+    if key_bytes is None:
+        key_bytes = encode_key(record.key)
+    if isinstance(record, ShareUpdate):
+        return UPDATE_RECORD_TYPE, key_bytes, encode_update_value(record)
+    value = encode_value(record) if isinstance(record, ShareSnapshot) else None
+    return SNAPSHOT_RECORD_TYPE, key_bytes, value
 
 
 def _replayer(shard: ShareCoordinatorShard, partition: int) -> Callable[[LogRecord], None]:

@@ -47,7 +47,7 @@ from protocol.messages import (
     TopicResult,
     error_result,
 )
-from protocol.records import ShareKey
+from protocol.records import Record, ShareKey
 from protocol.routing import partition_for, partition_for_prefix, prefix_hash
 from protocol.shard import ShareCoordinatorShard
 from server.catalog import TopicCatalog
@@ -55,6 +55,9 @@ from server.cluster import ClusterMap, find_coordinator
 from server.runtime import PartitionRuntime, Status
 
 _log = logging.getLogger("sharecoord.service")
+
+# How long a request runs its entries before it lets the event loop serve others.
+SLICE_S = 0.002
 
 
 class _NoPruning(HistoryIndex):
@@ -70,6 +73,9 @@ class _NoPruning(HistoryIndex):
 _KEEP_EVERYTHING = _NoPruning()
 # What a readable failed partition answers (runtime.PartitionRuntime.answer_read).
 _READS = frozenset({Rpc.READ, Rpc.READ_SUMMARY})
+
+# How often an unfinished topic deletion is tried again (nothing is done while none is).
+UNFINISHED_DELETIONS_CHECK_MS = 1000
 
 
 class ServiceError(Exception):
@@ -126,14 +132,41 @@ class CoordinatorService:
         self._last_pruned: dict[int, int] = {}
         self._held_at: dict[int, str] = {}  # the segment pruning last waited for
         self._jobs: list[asyncio.Task[None]] = []
+        # Topic registrations and deletions, one at a time (each may wait for a commit).
+        self._topic_changes = asyncio.Lock()
+        # Not ready before loading ended and the deletions a stop left were finished.
+        self._settling = True
 
     # --- the five RPCs ----------------------------------------------------------------
 
     async def handle(
-        self, rpc: Rpc, request: ShareGroupStateRequest[Any]
+        self,
+        rpc: Rpc,
+        request: ShareGroupStateRequest[Any],
+        place: Place | None = None,
     ) -> ShareGroupStateResponse[Any]:
         """Run every entry of a decoded request (``protocol.codec.prepare_request`` has
-        been over it) and answer once what the answer shows is durable."""
+        been over it) and answer once what the answer shows is durable.
+
+        A request never holds the event loop for long: it lets others run every
+        ``SLICE_S`` of its own work, and a long entry runs on the offload thread
+        (``PartitionRuntime.execute_offloaded``). A request with a ``place`` in an
+        ``InOrder`` (those of one Kafka connection) runs its entries after the request
+        before it there has run its own, even so; the durability waits overlap."""
+        if place is None:
+            return await self._handle(rpc, request)
+        try:
+            await place.turn()
+            return await self._handle(rpc, request, place.executed)
+        finally:
+            place.leave()
+
+    async def _handle(
+        self,
+        rpc: Rpc,
+        request: ShareGroupStateRequest[Any],
+        executed: asyncio.Future[None] | None = None,
+    ) -> ShareGroupStateResponse[Any]:
         group_id = request.group_id
         num_partitions = self.num_partitions
         runtimes = self.runtimes
@@ -149,12 +182,17 @@ class CoordinatorService:
         touched_here = False
         refused: set[int] = set()  # readable failed partitions that answered an entry 15
         reads = rpc in _READS
+        clock = time.perf_counter
+        yield_at = clock() + SLICE_S
         for topic in request.topics:
             out: list[AnyPartitionResult] = []
             results.append(TopicResult(topic.topic_id, out))
             key_topic_id = topic.key_topic_id
             prefix = prefix_hash(group_id, key_topic_id)
             for entry in topic.partitions:
+                if clock() >= yield_at:
+                    await asyncio.sleep(0)
+                    yield_at = clock() + SLICE_S
                 entries += 1
                 partition = entry.partition
                 if entry.invalid is not None:
@@ -172,23 +210,25 @@ class CoordinatorService:
                         answer = runtime.answer_read(rpc, key, entry)
                         if answer is not None:
                             placed.setdefault(state_partition, []).append(
-                                (out, len(out), runtime.pending_offset())
+                                (out, len(out), runtime.pending_offset_of(key))
                             )
                             out.append(answer)
                             if answer.error_code:
                                 failures[answer.error_code] = failures.get(answer.error_code, 0) + 1
                             continue
                         refused.add(state_partition)
-                    code = (
-                        errors.COORDINATOR_LOAD_IN_PROGRESS
-                        if runtime.status is Status.LOADING
-                        else errors.COORDINATOR_NOT_AVAILABLE
-                    )
+                    code = _inactive_code(runtime)
                 else:
                     touched_here = True
                     key = ShareKey(group_id, key_topic_id, partition)
                     try:
-                        result = runtime.execute(rpc, key, entry)
+                        if runtime.held or runtime.is_long(rpc, key, entry):
+                            result = await _execute_in_turn(runtime, rpc, key, entry)
+                            yield_at = clock() + SLICE_S
+                        else:
+                            result = runtime.execute(rpc, key, entry)
+                    except _Inactive as exc:
+                        code = exc.code
                     except PartitionFailedError:
                         # Its last commit failed a moment ago and the runtime has not
                         # heard yet (it will, and reload): unavailable, and no bug.
@@ -198,7 +238,7 @@ class CoordinatorService:
                         code = errors.COORDINATOR_NOT_AVAILABLE
                     else:
                         placed.setdefault(state_partition, []).append(
-                            (out, len(out), runtime.pending_offset())
+                            (out, len(out), runtime.pending_offset_of(key))
                         )
                         out.append(result)
                         if result.error_code:
@@ -208,8 +248,15 @@ class CoordinatorService:
                 failures[code] = failures.get(code, 0) + 1
         if touched_here and self._track_touches:
             self._group_touched[group_id] = self._monotonic()
+        if executed is not None:
+            executed.set_result(None)
         if placed:
-            short = await self._durable_ends(placed)
+            targets = {}
+            for state_partition, entries_there in placed.items():
+                offsets = [offset for _, _, offset in entries_there if offset is not None]
+                if offsets:
+                    targets[state_partition] = max(offsets)
+            short = await self._durable_ends(targets)
             for state_partition, durable_end in short.items():
                 for out, index, offset in placed[state_partition]:
                     if offset is not None and offset >= durable_end:
@@ -257,24 +304,24 @@ class CoordinatorService:
         return ShareGroupStateResponse(results)
 
     async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:
-        """Wait until each partition's log is durable up to what was observed; return
-        the partitions whose commit failed or did not finish within the write timeout."""
-        return list(await self._durable_ends(partitions))
+        """Wait until each partition's log is durable up to its end now; return the
+        partitions whose commit failed or did not finish within the write timeout."""
+        targets = {}
+        for state_partition in partitions:
+            offset = self.runtimes[state_partition].pending_offset()
+            if offset is not None:
+                targets[state_partition] = offset
+        return list(await self._durable_ends(targets))
 
-    async def _durable_ends(self, partitions: Iterable[int]) -> dict[int, int]:
-        """Wait until each partition's log is durable up to what was observed, behind
+    async def _durable_ends(self, targets: dict[int, int]) -> dict[int, int]:
+        """Wait until each partition's log is durable up to its target offset, behind
         one barrier for the whole request however many partitions it touched. For each
         partition whose commit failed or did not finish within the write timeout, the
         offset durability reached: what lies below it is durable (and stays so), what
         lies at or above it is not."""
-        targets = {}
-        runtimes = self.runtimes
-        for state_partition in partitions:
-            offset = runtimes[state_partition].pending_offset()
-            if offset is not None:
-                targets[state_partition] = offset
         if not targets:
             return {}
+        runtimes = self.runtimes
         barrier = self.committer.wait_durable_many(targets)
         future = barrier.future
         if not future.done():
@@ -325,8 +372,9 @@ class CoordinatorService:
         Like every read, it waits until what it shows is durable."""
         runtime = self._runtime_for_key(key)
         state = runtime.shard.admin_state(key)
-        if runtime.pending_offset() is not None:
-            failed = await self._wait_durable([runtime.partition])
+        offset = runtime.pending_offset_of(key)
+        if offset is not None:
+            failed = await self._durable_ends({runtime.partition: offset})
             if failed:
                 raise ServiceError(
                     errors.COORDINATOR_NOT_AVAILABLE,
@@ -334,36 +382,104 @@ class CoordinatorService:
                 )
         return state
 
+    # --- the topic catalog ---------------------------------------------------------------
+
     async def register_topic(self, topic_id: str, partition_count: int) -> None:
-        await self.catalog.register(topic_id, partition_count)
+        """Register the topic or change its count. A topic whose deletion has not finished
+        is deleted first, so that it starts from nothing (ServiceError if that cannot
+        be done now)."""
+        async with self._topic_changes:
+            if topic_id in self.catalog.deleting():
+                await self._finish_deletions(frozenset({topic_id}))
+            await _catalog_write(self.catalog.register(topic_id, partition_count))
 
     async def delete_topic(self, topic_id: str) -> int:
-        """Tombstone every share-partition of the topic on this node, durably, then drop
-        it from the catalog (Kafka's onTopicsDeleted). A crash in between leaves the
-        topic registered; deleting it again finishes the job."""
-        if topic_id not in self.catalog:
-            raise ServiceError(
-                errors.UNKNOWN_TOPIC_OR_PARTITION, f"topic {topic_id} is not in the topic catalog"
-            )
-        for runtime in self.runtimes.values():
-            _require_active(runtime)
-        deleted = 0
-        topic_ids = frozenset({topic_id})
-        failed = []
-        for state_partition, runtime in self.runtimes.items():
+        """Kafka's order: the topic leaves the catalog first, durably, so every RPC for it
+        answers 3 from then on; then every share-partition of it on this node gets a
+        tombstone (Kafka's onTopicsDeleted), and once they are durable the deletion is
+        done. An RPC that raced the delete was therefore either run before the
+        tombstones or refused. Returns how many share-partitions this call tombstoned.
+
+        Raises ServiceError (14, 15) when a state partition is not active or the
+        tombstones could not be made durable: the topic stays unregistered, and its
+        deletion is finished by a later attempt (this call again, or the daemon on its
+        own once every state partition is active, at start too)."""
+        async with self._topic_changes:
+            if topic_id in self.catalog:
+                await _catalog_write(self.catalog.begin_deletion(topic_id))
+            elif topic_id not in self.catalog.deleting():
+                raise ServiceError(
+                    errors.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic {topic_id} is not in the topic catalog",
+                )
+            return await self._finish_deletions(frozenset({topic_id}))
+
+    async def finish_deletions_once(self) -> int:
+        """Finish every unfinished topic deletion, once every state partition is active
+        (after loading, and then periodically); returns how many share-partitions it
+        tombstoned."""
+        if not self.catalog.deleting() or not self._all_active():
+            return 0
+        async with self._topic_changes:
+            topic_ids = self.catalog.deleting()
+            if not topic_ids:
+                return 0
             try:
-                deleted += runtime.run_job(lambda shard: shard.delete_topics(topic_ids))
-            except PartitionFailedError:
-                failed.append(state_partition)
-        failed += await self._wait_durable(list(self.runtimes))
-        if failed:
-            raise ServiceError(
-                errors.COORDINATOR_NOT_AVAILABLE,
-                f"state partitions {sorted(failed)} could not make the tombstones durable; "
-                "the topic stays registered, delete it again",
-            )
-        await self.catalog.remove(topic_id)
+                deleted = await self._finish_deletions(topic_ids)
+            except ServiceError:
+                return 0  # said in the log; tried again a second from now
+        _log.info(
+            "finished deleting topic(s) %s: %d share-partitions tombstoned",
+            ", ".join(sorted(topic_ids)),
+            deleted,
+        )
         return deleted
+
+    async def _finish_deletions(self, topic_ids: frozenset[str]) -> int:
+        """Tombstone every share-partition of these topics on the active state partitions
+        (the topics are being deleted: no share-partition of theirs can get state any
+        more), wait until the tombstones are durable, and end the deletions if every state
+        partition got there. Returns how many share-partitions were tombstoned; raises
+        ServiceError (14, 15) naming the partitions that did not."""
+        deleted = 0
+        swept: list[int] = []
+        failed: list[int] = []
+        loading: list[int] = []
+        for state_partition, runtime in self.runtimes.items():
+            if runtime.status is Status.ACTIVE:
+                try:
+                    deleted += await _run_job(runtime, lambda shard: shard.delete_topics(topic_ids))
+                except PartitionFailedError:
+                    failed.append(state_partition)
+                else:
+                    swept.append(state_partition)
+            else:
+                (loading if runtime.status is Status.LOADING else failed).append(state_partition)
+        failed += await self._wait_durable(swept)
+        if not failed and not loading:
+            await _catalog_write(self.catalog.end_deletions(topic_ids))
+            return deleted
+        problems = []
+        if failed:
+            problems.append(
+                f"state partitions {sorted(failed)} are not available or could not make the "
+                "tombstones durable"
+            )
+        if loading:
+            problems.append(f"state partitions {sorted(loading)} are still loading")
+        code = errors.COORDINATOR_NOT_AVAILABLE if failed else errors.COORDINATOR_LOAD_IN_PROGRESS
+        message = (
+            f"{'; '.join(problems)}; topic {', '.join(sorted(topic_ids))} is unregistered "
+            "(its RPCs answer 3) and its deletion finishes once every state partition is "
+            "active: on its own, or by deleting the topic again"
+        )
+        _log.warning("unfinished topic deletion: %s", message)
+        raise ServiceError(code, message)
+
+    def _all_active(self) -> bool:
+        return all(r.status is Status.ACTIVE for r in self.runtimes.values())
+
+    # --- compaction and status ----------------------------------------------------------
 
     async def commit_compaction(self) -> tuple[list[str], list[str]]:
         """Commit every staged compaction output of the partitions this node serves
@@ -411,8 +527,16 @@ class CoordinatorService:
             )
         return out
 
+    async def after_load(self) -> None:
+        """Once loading ended: finish the topic deletions a stop left unfinished, then
+        stop counting as loading."""
+        try:
+            await self.finish_deletions_once()
+        finally:
+            self._settling = False
+
     def loading(self) -> bool:
-        return any(r.status is Status.LOADING for r in self.runtimes.values())
+        return self._settling or any(r.status is Status.LOADING for r in self.runtimes.values())
 
     def failed_partitions(self) -> list[int]:
         return sorted(p for p, r in self.runtimes.items() if r.status is Status.FAILED)
@@ -438,6 +562,12 @@ class CoordinatorService:
         ]
         self._jobs.append(
             asyncio.get_running_loop().create_task(self._deadlines.run(), name="write-timeouts")
+        )
+        # A deletion left unfinished by a partition that was not active finishes once it is.
+        self._jobs.append(
+            self._every(
+                UNFINISHED_DELETIONS_CHECK_MS, self.finish_deletions_once, "topic-deletions"
+            )
         )
         if intervals.state_retention_ms > 0:
             # Look often enough that a group expires within a tenth of its retention.
@@ -557,7 +687,7 @@ class CoordinatorService:
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
                 try:
-                    count = runtime.run_job(ShareCoordinatorShard.cold_snapshots)
+                    count = await _run_job(runtime, ShareCoordinatorShard.cold_snapshots)
                 except PartitionFailedError:
                     continue  # its commit just failed; the next pass after the reload
                 if count:
@@ -597,7 +727,7 @@ class CoordinatorService:
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
                 try:
-                    count = runtime.run_job(lambda shard: shard.expire_groups(expired))
+                    count = await _run_job(runtime, lambda shard: shard.expire_groups(expired))
                 except PartitionFailedError:
                     continue  # its commit just failed; a later pass expires the rest
                 if count:
@@ -650,6 +780,89 @@ class _Deadlines:
             self.sweep()
 
 
+class InOrder:
+    """The requests of one connection, run in the order they came (Kafka runs a
+    connection's requests one after the other): each takes a ``Place`` when it comes,
+    and ``handle`` runs its entries once the one before has run its own."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self) -> None:
+        self._last: asyncio.Future[None] | None = None
+
+    def enter(self) -> Place:
+        executed = asyncio.get_running_loop().create_future()
+        place = Place(self._last, executed)
+        self._last = executed
+        return place
+
+
+class Place:
+    """One request's place in an ``InOrder``."""
+
+    __slots__ = ("_before", "executed")
+
+    def __init__(
+        self, before: asyncio.Future[None] | None, executed: asyncio.Future[None]
+    ) -> None:
+        self._before = before
+        self.executed = executed
+
+    async def turn(self) -> None:
+        before = self._before
+        if before is not None and not before.done():
+            await before
+        self._before = None
+
+    def leave(self) -> None:
+        """Let the next request run (also when this one failed or never ran)."""
+        if not self.executed.done():
+            self.executed.set_result(None)
+
+
+class _Inactive(Exception):
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+
+def _inactive_code(runtime: PartitionRuntime) -> int:
+    if runtime.status is Status.LOADING:
+        return errors.COORDINATOR_LOAD_IN_PROGRESS
+    return errors.COORDINATOR_NOT_AVAILABLE
+
+
+async def _execute_in_turn(
+    runtime: PartitionRuntime, rpc: Rpc, key: ShareKey, entry: Any
+) -> AnyPartitionResult:
+    """One entry on a partition that is taken, or that this entry takes for long work:
+    after everyone before it, off the loop when it is long."""
+    await runtime.turn()
+    try:
+        if runtime.status is not Status.ACTIVE:
+            raise _Inactive(_inactive_code(runtime))
+        if runtime.is_long(rpc, key, entry):
+            return await runtime.execute_offloaded(rpc, key, entry)
+        return runtime.execute(rpc, key, entry)
+    finally:
+        runtime.release()
+
+
+async def _run_job(
+    runtime: PartitionRuntime, job: Callable[[ShareCoordinatorShard], list[Record]]
+) -> int:
+    """A maintenance job on a partition, in its turn if the partition is taken (an
+    offloaded write must not find its key changed under it)."""
+    if not runtime.held:
+        return runtime.run_job(job)
+    await runtime.turn()
+    try:
+        if runtime.status is not Status.ACTIVE:  # it failed while the job waited
+            raise PartitionFailedError(runtime.partition, None)
+        return runtime.run_job(job)
+    finally:
+        runtime.release()
+
+
 def _unavailable(rpc: Rpc, partition: int, code: int) -> AnyPartitionResult:
     message = (
         errors.MSG_SHARE_COORDINATOR_NOT_AVAILABLE
@@ -677,3 +890,13 @@ def _require_active(runtime: PartitionRuntime) -> None:
             errors.COORDINATOR_NOT_AVAILABLE,
             f"state partition {runtime.partition} is not available: {runtime.error}",
         )
+
+
+async def _catalog_write(change: Awaitable[None]) -> None:
+    """Run a change of the topic catalog; a disk that refuses it is 15, one line."""
+    try:
+        await change
+    except OSError as exc:
+        raise ServiceError(
+            errors.COORDINATOR_NOT_AVAILABLE, f"cannot write the topic catalog: {exc}"
+        ) from None

@@ -21,24 +21,34 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any, TextIO
 
-import msgspec
-
 from persistence import LogError, LogRecord, partition_dir, read_meta, read_partition, verify
+from persistence.journal import JOURNAL_DIR
+from persistence.ownership import describe
+from persistence.statelog import META_FILE, PARTITIONS_DIR
 from protocol.batches import state_name
 from protocol.records import (
+    FIELDS,
+    LOG_OFFSET,
+    RECORD_TYPE,
+    STATE_BATCHES,
+    STATE_PARTITION,
+    TIMESTAMP,
+    TOMBSTONE,
+    VALUE_FIELDS,
+    FieldType,
     Record,
     RecordDecodeError,
     RecordDecoder,
-    ShareSnapshot,
-    ShareTombstone,
-    ShareUpdate,
+    record_row,
 )
-from protocol.replay import ShareStateMap
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
 from server.security import SecurityError, client_ssl_context, load_token
 
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
+# `log dump --json`'s record_type for a frame whose key or value does not decode.
+UNDECODABLE = "undecodable"
 
 
 # --- log dump ---------------------------------------------------------------------------
@@ -75,66 +85,41 @@ def log_dump(data_dir: str, partition: int | None, as_json: bool, out: TextIO = 
 
 
 def _dump_line(partition: int, frame: LogRecord, decoder: RecordDecoder, as_json: bool) -> str:
+    """One record as ``log dump`` prints it: its row (protocol.records.FIELDS) as JSON,
+    or a line for people."""
     try:
         record: Record | None = decoder.decode(frame.record_type, frame.key, frame.value)
         problem = None
     except RecordDecodeError as exc:
         record, problem = None, str(exc)
     if as_json:
-        fields: dict[str, Any] = {
-            "partition": partition,
-            "offset": frame.offset,
-            "timestamp": frame.timestamp,
-        }
         if record is None:
-            fields.update(type="undecodable", error=problem)
+            row: dict[str, Any] = dict.fromkeys(f.name for f in FIELDS)
+            row.update(
+                {
+                    STATE_PARTITION.name: partition,
+                    LOG_OFFSET.name: frame.offset,
+                    TIMESTAMP.name: frame.timestamp,
+                    RECORD_TYPE.name: UNDECODABLE,
+                    "error": problem,
+                }
+            )
         else:
-            fields.update(record_fields(record))
-        return json.dumps(fields, separators=(",", ":"))
+            row = record_row(partition, frame.offset, frame.timestamp, record)
+        return json.dumps(row, separators=(",", ":"))
     when = _iso(frame.timestamp)
     if record is None:
         return f"p={partition} offset={frame.offset} {when} UNDECODABLE {problem}"
     key = f"{record.key.group_id}:{record.key.topic_id}:{record.key.partition}"
-    head = f"p={partition} offset={frame.offset} {when} {type(record).__name__} {key}"
-    if type(record) is ShareTombstone:
+    kind = type(record).__name__
+    head = f"p={partition} offset={frame.offset} {when} {kind} {key}"
+    if kind == TOMBSTONE:
         return head
-    body = record_fields(record)
-    body.pop("type")
-    body.pop("key")
-    batches = body.pop("state_batches")
-    tail = " ".join(f"{k}={v}" for k, v in body.items())
-    return f"{head} {tail} batches=[{', '.join(_batch_text(b) for b in batches)}]"
-
-
-def record_fields(record: Record) -> dict[str, Any]:
-    """A record as plain fields (for ``log dump`` and for people reading tests)."""
-    key = record.key
-    out: dict[str, Any] = {
-        "type": type(record).__name__,
-        "key": {"group_id": key.group_id, "topic_id": key.topic_id, "partition": key.partition},
-    }
-    if type(record) is ShareSnapshot:
-        out.update(
-            snapshot_epoch=record.snapshot_epoch,
-            state_epoch=record.state_epoch,
-            leader_epoch=record.leader_epoch,
-            start_offset=record.start_offset,
-            create_timestamp=record.create_timestamp,
-            write_timestamp=record.write_timestamp,
-            delivery_complete_count=record.delivery_complete_count,
-            fence_leader_epoch=record.fence_leader_epoch,
-            fence_state_epoch=record.fence_state_epoch,
-            state_batches=[msgspec.structs.asdict(b) for b in record.state_batches],
-        )
-    elif type(record) is ShareUpdate:
-        out.update(
-            snapshot_epoch=record.snapshot_epoch,
-            leader_epoch=record.leader_epoch,
-            start_offset=record.start_offset,
-            delivery_complete_count=record.delivery_complete_count,
-            state_batches=[msgspec.structs.asdict(b) for b in record.state_batches],
-        )
-    return out
+    row = record_row(partition, frame.offset, frame.timestamp, record)
+    fields = [f for f in VALUE_FIELDS[kind] if f.type is not FieldType.STATE_BATCHES]
+    tail = " ".join(f"{f.name}={row[f.name]}" for f in sorted(fields, key=FIELDS.index))
+    batches = ", ".join(_batch_text(b) for b in row[STATE_BATCHES.name])
+    return f"{head} {tail} {STATE_BATCHES.name}=[{batches}]"
 
 
 def _batch_text(batch: dict[str, int]) -> str:
@@ -154,14 +139,26 @@ def _iso(ms: int) -> str:
 
 def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     """Check every frame's CRC and offsets, then replay every record of every partition
-    through the state rules. Exit 1 if anything is damaged or does not replay."""
+    through the state rules. Exit 1 if anything is damaged or does not replay; the
+    summary line counts and names the damaged partitions. Exit 2 for a directory that
+    is no data directory at all (no meta, no partitions, no journal): a wrong path, not
+    damage."""
     if not os.path.isdir(data_dir):
         print(f"sharecoord log verify: {data_dir} is not a directory", file=sys.stderr)
+        return EXIT_USAGE
+    if not any(
+        os.path.lexists(os.path.join(data_dir, name))
+        for name in (META_FILE, PARTITIONS_DIR, JOURNAL_DIR)
+    ):
+        print(
+            f"sharecoord log verify: {data_dir} is not a sharecoord data directory: it has "
+            f"no {META_FILE}, no {PARTITIONS_DIR} and no {JOURNAL_DIR}",
+            file=sys.stderr,
+        )
         return EXIT_USAGE
     report = verify(data_dir)
     for problem in report.problems:
         out.write(f"DAMAGED {problem}\n")
-    damaged = not report.ok
     damaged_partitions: list[int] = []
     records = 0
     elsewhere = 0
@@ -179,12 +176,10 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
             notes.append(f"incomplete tail: {result.tail}")
         suffix = f" ({'; '.join(notes)})" if notes else ""
         if not result.ok:
-            damaged = True
             damaged_partitions.append(result.partition)
             for damage in result.damage:
                 out.write(f"partition {result.partition}: DAMAGED {damage}\n")
         elif unreplayable is not None:
-            damaged = True
             damaged_partitions.append(result.partition)
             out.write(f"partition {result.partition}: DOES NOT REPLAY {unreplayable}\n")
         else:
@@ -200,12 +195,9 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
         records += result.record_count
     for note in report.notes:
         out.write(f"note: {note}\n")
-    verdict = "DAMAGED" if damaged else "ok"
-    others = f" ({elsewhere} of them held by other nodes)" if elsewhere else ""
-    out.write(
-        f"{verdict}: {len(report.partitions)} partitions{others}, {records} records in "
-        f"{data_dir}\n"
-    )
+    out.write(_summary(report.problems, damaged_partitions, len(report.partitions), elsewhere))
+    out.write(f", {records} records in {data_dir}\n")
+    damaged = bool(report.problems or damaged_partitions)
     if damaged:
         # One line: what the daemon does, where to look, and where the repair is explained.
         which = str(damaged_partitions[0]) if len(damaged_partitions) == 1 else "P"
@@ -218,9 +210,25 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     return EXIT_FAILURE if damaged else EXIT_OK
 
 
+def _summary(problems: list[str], damaged: list[int], checked: int, elsewhere: int) -> str:
+    """The verdict line up to its record count: `ok: 50 partitions`, or what is damaged
+    and only that, `DAMAGED: partitions 3, 17 (2 of 50)`."""
+    if not problems and not damaged:
+        held = f" ({elsewhere} of them held by other nodes)" if elsewhere else ""
+        return f"ok: {checked} partitions{held}"
+    held = f"; {elsewhere} held by other nodes" if elsewhere else ""
+    itself = "the data directory itself (above)"
+    if not damaged:
+        sound = f"{checked} partitions checked, none damaged" if checked else "no partition checked"
+        return f"DAMAGED: {itself}; {sound}{held}"
+    noun = "partition" if len(damaged) == 1 else "partitions"
+    partitions = f"{noun} {describe(damaged)} ({len(damaged)} of {checked}{held})"
+    return f"DAMAGED: {itself} and {partitions}" if problems else f"DAMAGED: {partitions}"
+
+
 def replay_problem(directory: str) -> str | None:
     """Why the records of a partition directory do not replay, or None."""
-    state = ShareStateMap(records_per_snapshot=500)
+    state = ShareStateMap(DEFAULT_RECORDS_PER_SNAPSHOT)
     decoder = RecordDecoder()
     offset = None
     try:

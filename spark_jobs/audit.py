@@ -37,7 +37,6 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -47,8 +46,20 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 
 from persistence import LogError, read_meta
 from persistence.history import read_declaration
+from protocol.records import (
+    DELIVERY_COMPLETE_COUNT,
+    GROUP_ID,
+    KEY_FIELDS,
+    LEADER_EPOCH,
+    LOG_OFFSET,
+    START_OFFSET,
+    STATE_EPOCH,
+    STATE_PARTITION,
+    FieldType,
+    RecordField,
+)
 from spark_jobs import checkpoint
-from spark_jobs.audit_report import DETAIL_TABLE, SAMPLE_ROWS, write_report
+from spark_jobs.audit_report import DETAIL_TABLE, SAMPLE_ROWS, AuditReport, write_report
 from spark_jobs.auditor import (
     DELIVERY_COUNT_BACKWARDS,
     DELIVERY_LIMIT_AVAILABLE,
@@ -74,15 +85,27 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 
+_SPARK_TYPES = {
+    FieldType.INT32: IntegerType(),
+    FieldType.INT64: LongType(),
+    FieldType.STRING: StringType(),
+}
+
+
+def _record_column(field: RecordField) -> StructField:
+    """A report column that holds a record field: named and typed as the record's."""
+    return StructField(field.name, _SPARK_TYPES[field.type], False)
+
+
+_KEY_COLUMNS = [_record_column(f) for f in KEY_FIELDS]
+
 FINDINGS_SCHEMA = StructType(
     [
         StructField("kind", StringType(), False),
-        StructField("state_partition", IntegerType(), False),
-        StructField("log_offset", LongType(), False),
-        StructField("group_id", StringType(), False),
-        StructField("topic_id", StringType(), False),
-        StructField("partition", IntegerType(), False),
-        StructField("state_epoch", IntegerType(), False),
+        _record_column(STATE_PARTITION),
+        _record_column(LOG_OFFSET),
+        *_KEY_COLUMNS,
+        _record_column(STATE_EPOCH),
         StructField("first_offset", LongType(), False),
         StructField("last_offset", LongType(), False),
         StructField("previous_value", LongType(), True),  # count or start offset before
@@ -91,16 +114,14 @@ FINDINGS_SCHEMA = StructType(
 )
 HISTOGRAM_SCHEMA = StructType(
     [
-        StructField("group_id", StringType(), False),
+        _record_column(GROUP_ID),
         StructField("delivery_count", IntegerType(), False),
         StructField("offsets", LongType(), False),
     ]
 )
 RANGES_SCHEMA = StructType(
     [
-        StructField("group_id", StringType(), False),
-        StructField("topic_id", StringType(), False),
-        StructField("partition", IntegerType(), False),
+        *_KEY_COLUMNS,
         StructField("first_offset", LongType(), False),
         StructField("last_offset", LongType(), False),
         StructField("delivery_count", IntegerType(), False),
@@ -109,16 +130,14 @@ RANGES_SCHEMA = StructType(
 )
 SHARE_PARTITIONS_SCHEMA = StructType(
     [
-        StructField("state_partition", IntegerType(), False),
-        StructField("group_id", StringType(), False),
-        StructField("topic_id", StringType(), False),
-        StructField("partition", IntegerType(), False),
-        StructField("state_epoch", IntegerType(), False),
-        StructField("leader_epoch", IntegerType(), False),
-        StructField("start_offset", LongType(), False),
-        StructField("batches", IntegerType(), False),
+        _record_column(STATE_PARTITION),
+        *_KEY_COLUMNS,
+        _record_column(STATE_EPOCH),
+        _record_column(LEADER_EPOCH),
+        _record_column(START_OFFSET),
+        StructField("batches", IntegerType(), False),  # how many the state holds
         StructField("in_flight", LongType(), False),  # offsets Available or Acquired
-        StructField("delivery_complete_count", IntegerType(), False),
+        _record_column(DELIVERY_COMPLETE_COUNT),
         StructField("log_records", LongType(), False),
     ]
 )
@@ -136,8 +155,9 @@ def delivery_histogram(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
     totals: dict[tuple[str, int], int] = {}
     for group, count, offsets in rows:
         totals[group, count] = totals.get((group, count), 0) + offsets
+    names = HISTOGRAM_SCHEMA.fieldNames()
     return [
-        {"group_id": group, "delivery_count": count, "offsets": offsets}
+        dict(zip(names, (group, count, offsets), strict=True))
         for (group, count), offsets in sorted(totals.items())
     ]
 
@@ -158,32 +178,7 @@ def share_partition_rows(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
     return [dict(zip(names, row, strict=True)) for row in ordered]
 
 
-FINDINGS_ORDER = ("state_partition", "log_offset", "kind", "first_offset")
-
-
-@dataclass
-class AuditReport:
-    """What the driver collected, for the report files (audit_report.py)."""
-
-    data_dir: str
-    delivery_limit: int
-    partitions: int
-    records: int
-    damaged: list[dict[str, Any]]
-    violation_counts: dict[str, int]
-    violation_sample: list[dict[str, Any]]
-    histogram: list[dict[str, Any]]
-    most_redelivered: list[dict[str, Any]]
-    share_partitions: list[dict[str, Any]]
-    mode: str = "full"  # or "since last": only the records after the previous run's
-    history: str | None = None  # where the history read came from, None if none is kept
-    windows: list[dict[str, Any]] = field(default_factory=list)  # per state partition
-    earlier_violations: dict[str, int] = field(default_factory=dict)  # earlier runs'
-    runs: int = 1
-
-    @property
-    def violations(self) -> int:
-        return sum(self.violation_counts.values())
+FINDINGS_ORDER = (STATE_PARTITION.name, LOG_OFFSET.name, "kind", "first_offset")
 
 
 def run_audit(
@@ -234,7 +229,11 @@ def run_audit(
                 delivery_limit=delivery_limit,
                 partitions=num_partitions,
                 records=sum(a.records for a in partials),
-                damaged=[{"partition": a.partition, "error": a.error} for a in partials if a.error],
+                damaged=[
+                    {STATE_PARTITION.name: a.partition, "error": a.error}
+                    for a in partials
+                    if a.error
+                ],
                 violation_counts=counts,
                 violation_sample=[
                     dict(zip(FINDINGS_SCHEMA.fieldNames(), f, strict=True))
@@ -275,7 +274,7 @@ def window_row(audit: PartitionAudit) -> dict[str, Any]:
         }
 
     return {
-        "state_partition": audit.partition,
+        STATE_PARTITION.name: audit.partition,
         **side(audit.window),
         "missing_offsets": audit.since.missing,
         "gaps": [list(g) for g in audit.since.gaps],

@@ -12,14 +12,12 @@ import html
 import json
 import os
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol.batches import state_name
-
-if TYPE_CHECKING:
-    from spark_jobs.audit import AuditReport
+from protocol.records import GROUP_ID, STATE_PARTITION
 
 SUMMARY_JSON = "summary.json"
 DETAIL_TABLE = "violations.parquet"
@@ -55,6 +53,31 @@ KINDS_EXPLAINED: dict[str, tuple[str, str, str]] = {
         "(leader epoch, write time); an admin reset should come with a new state epoch.",
     ),
 }
+
+
+@dataclass
+class AuditReport:
+    """What the driver collected (spark_jobs/audit.py), for the report files."""
+
+    data_dir: str
+    delivery_limit: int
+    partitions: int
+    records: int
+    damaged: list[dict[str, Any]]
+    violation_counts: dict[str, int]
+    violation_sample: list[dict[str, Any]]
+    histogram: list[dict[str, Any]]
+    most_redelivered: list[dict[str, Any]]
+    share_partitions: list[dict[str, Any]]
+    mode: str = "full"  # or "since last": only the records after the previous run's
+    history: str | None = None  # where the history read came from, None if none is kept
+    windows: list[dict[str, Any]] = field(default_factory=list)  # per state partition
+    earlier_violations: dict[str, int] = field(default_factory=dict)  # earlier runs'
+    runs: int = 1
+
+    @property
+    def violations(self) -> int:
+        return sum(self.violation_counts.values())
 
 
 def write_report(report: AuditReport, out_dir: str) -> str:
@@ -103,13 +126,14 @@ def draw_chart(axes: Any, histogram: Sequence[dict[str, Any]], delivery_limit: i
     from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
 
     totals: dict[str, int] = {}
+    group_id = GROUP_ID.name
     for row in histogram:
-        totals[row["group_id"]] = totals.get(row["group_id"], 0) + row["offsets"]
+        totals[row[group_id]] = totals.get(row[group_id], 0) + row["offsets"]
     named = sorted(totals, key=lambda g: (-totals[g], g))[:CHART_GROUPS]
     counts = sorted({row["delivery_count"] for row in histogram})
     series: dict[str, dict[int, int]] = {group: {} for group in named}
     for row in histogram:
-        group = row["group_id"] if row["group_id"] in named else "other groups"
+        group = row[group_id] if row[group_id] in named else "other groups"
         bars = series.setdefault(group, {})
         bars[row["delivery_count"]] = bars.get(row["delivery_count"], 0) + row["offsets"]
     bottom = [0] * len(counts)
@@ -196,7 +220,7 @@ def render_page(summary: dict[str, Any]) -> str:
 
 def _window_row(window: dict[str, Any]) -> dict[str, Any]:
     return {
-        "state partition": window["state_partition"],
+        "state partition": window[STATE_PARTITION.name],
         "first offset": window["first_offset"],
         "last offset": window["last_offset"],
         "first record": window["first_time"],

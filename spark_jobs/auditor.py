@@ -21,15 +21,30 @@ import pyarrow as pa
 from persistence import LogError
 from protocol.batches import ACQUIRED, AVAILABLE, StateBatch
 from protocol.records import (
+    FIELDS,
+    KEY_FIELDS,
+    LOG_OFFSET,
+    RECORD_CLASSES,
+    RECORD_TYPE,
+    SNAPSHOT,
+    STATE_BATCHES,
+    TIMESTAMP,
+    TOMBSTONE,
+    UPDATE,
+    VALUE_FIELDS,
+    FieldType,
+    Part,
     Record,
     RecordDecodeError,
     ShareKey,
-    ShareSnapshot,
     ShareTombstone,
-    ShareUpdate,
 )
-from protocol.replay import KeyState, ShareGroupOffset, ShareStateMap
-from spark_jobs.columns import SNAPSHOT, TOMBSTONE
+from protocol.replay import (
+    DEFAULT_RECORDS_PER_SNAPSHOT,
+    KeyState,
+    ShareGroupOffset,
+    ShareStateMap,
+)
 from spark_jobs.logsource import Source, read_whole_partition
 
 MOST_REDELIVERED = 20
@@ -115,7 +130,7 @@ class Auditor:
         self.partition = partition
         self.delivery_limit = delivery_limit
         self.records = 0
-        self.state = ShareStateMap(records_per_snapshot=500)
+        self.state = ShareStateMap(DEFAULT_RECORDS_PER_SNAPSHOT)
         self.result = PartitionAudit(partition)
         self.histogram: dict[tuple[str, int], int] = {}
         self.log_records: dict[ShareKey, int] = {}
@@ -124,22 +139,20 @@ class Auditor:
         self.window = Window()
         self.since = Window()
         self.violations_before: dict[str, int] = {}
-        self._keys: dict[tuple[str, str, int], ShareKey] = {}
+        self._keys: dict[tuple[Any, ...], ShareKey] = {}
 
     # -- records as the data source gives them ---------------------------------------------
 
     def replay_batch(self, batch: pa.RecordBatch) -> None:
         """Replay a batch of data source rows (spark_jobs/columns.py), in offset order."""
         columns = {
-            name: batch.column(name).to_pylist()
-            for name in (
-                "log_offset", "record_type", "group_id", "topic_id", "partition",
-                "snapshot_epoch", "state_epoch", "leader_epoch", "start_offset",
-                "create_timestamp", "write_timestamp", "delivery_complete_count",
-                "fence_leader_epoch", "fence_state_epoch",
-            )
-        }  # fmt: skip
-        stamps = batch.column("timestamp").cast(pa.int64()).to_pylist()
+            f.name: batch.column(f.name).to_pylist()
+            for f in FIELDS
+            if f.part is not Part.FRAME and f.type is not FieldType.STATE_BATCHES
+        }
+        for f in (LOG_OFFSET, RECORD_TYPE):
+            columns[f.name] = batch.column(f.name).to_pylist()
+        stamps = batch.column(TIMESTAMP.name).cast(pa.int64()).to_pylist()
         for index, (offset, record) in enumerate(self._records(batch, columns)):
             self.window.see(offset, stamps[index] // 1000)
             self.since.see(offset, stamps[index] // 1000)
@@ -148,19 +161,26 @@ class Auditor:
     def _records(
         self, batch: pa.RecordBatch, c: dict[str, list[Any]]
     ) -> Iterator[tuple[int, Record]]:
-        lists = batch.column("batches")
+        lists = batch.column(STATE_BATCHES.name)
         starts = lists.offsets.to_numpy()
         starts = starts - starts[0]
         flat = lists.flatten()
         fields = [flat.field(i).to_pylist() for i in range(4)]
         firsts, lasts, states, counts = fields
         keys = self._keys
-        for i, offset in enumerate(c["log_offset"]):
-            name = (c["group_id"][i], c["topic_id"][i], c["partition"][i])
+        key_columns = [c[f.name] for f in KEY_FIELDS]
+        # Each kind's value fields in its record's order; None stands for the batches.
+        value_columns = {
+            kind: [None if f is STATE_BATCHES else c[f.name] for f in VALUE_FIELDS[kind]]
+            for kind in (SNAPSHOT, UPDATE)
+        }
+        kinds = c[RECORD_TYPE.name]
+        for i, offset in enumerate(c[LOG_OFFSET.name]):
+            name = tuple(column[i] for column in key_columns)
             key = keys.get(name)
             if key is None:
                 key = keys[name] = ShareKey(*name)
-            kind = c["record_type"][i]
+            kind = kinds[i]
             if kind == TOMBSTONE:
                 yield offset, ShareTombstone(key)
                 continue
@@ -168,18 +188,10 @@ class Auditor:
                 StateBatch(firsts[j], lasts[j], states[j], counts[j])
                 for j in range(starts[i], starts[i + 1])
             ]
-            if kind == SNAPSHOT:
-                yield offset, ShareSnapshot(
-                    key, c["snapshot_epoch"][i], c["state_epoch"][i], c["leader_epoch"][i],
-                    c["start_offset"][i], c["create_timestamp"][i], c["write_timestamp"][i],
-                    batches, c["delivery_complete_count"][i], c["fence_leader_epoch"][i],
-                    c["fence_state_epoch"][i],
-                )  # fmt: skip
-            else:
-                yield offset, ShareUpdate(
-                    key, c["snapshot_epoch"][i], c["leader_epoch"][i], c["start_offset"][i],
-                    batches, c["delivery_complete_count"][i],
-                )  # fmt: skip
+            values: list[Any] = [
+                batches if column is None else column[i] for column in value_columns[kind]
+            ]
+            yield offset, RECORD_CLASSES[kind](key, *values)
 
     # -- stopping and going on -------------------------------------------------------------
 

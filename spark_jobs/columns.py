@@ -7,29 +7,17 @@ msgspec call per record type (the layouts of ``protocol.records``, so exactly th
 loading makes), and the columns are built from those structs with numpy: the history
 export of every folded record costs about a microsecond a record.
 
-A row, in this order (nullable where the record type has no such field):
+A row holds the fields ``protocol.records.FIELDS`` declares, by their names and in their
+order: the fields ``sharecoord log dump --json`` prints. A field a record's kind has
+not is null. The Arrow and Spark types come from the declared ones:
 
-    state_partition          int       (the data source only: the history's files are
-                                        partitioned by it, Spark reads it from the path)
-    log_offset               bigint
-    timestamp                timestamp  UTC; when the record was appended
-    record_type              string     ShareSnapshot, ShareUpdate or ShareTombstone
-    group_id, topic_id       string
-    partition                int
-    snapshot_epoch           int        snapshots and updates
-    state_epoch              int        snapshots
-    leader_epoch             int        snapshots and updates (-1 in an update: unchanged)
-    start_offset             bigint     snapshots and updates (-1 in an update: unchanged)
-    create_timestamp         bigint     ms, snapshots
-    write_timestamp          bigint     ms, snapshots
-    delivery_complete_count  int        snapshots and updates
-    fence_leader_epoch       int        snapshots, may be null
-    fence_state_epoch        int        snapshots, may be null
-    batches                  array<struct<first_offset bigint, last_offset bigint,
-                                          delivery_state int, delivery_count int>>
-                                        null for a tombstone
+    int32 -> int, int64 -> bigint, string -> string, timestamp -> timestamp (UTC),
+    state_batches -> array<struct<first_offset bigint, last_offset bigint,
+                                   delivery_state int, delivery_count int>>
 
-These are the fields ``sharecoord log dump --json`` prints, by the same names.
+The history's files hold the same columns but ``state_partition`` (Spark reads it from
+their directory names), each under its ``history_name`` where it has one: the files
+keep the names they were first written with.
 """
 
 from __future__ import annotations
@@ -37,17 +25,31 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from operator import attrgetter
-from typing import Any
+from types import GenericAlias
+from typing import Any, TypeAlias
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 
+from protocol.batches import StateBatch
 from protocol.records import (
+    FIELDS,
+    LOG_OFFSET,
+    RECORD_TYPE,
+    SNAPSHOT,
     SNAPSHOT_RECORD_TYPE,
+    STATE_BATCHES,
+    STATE_PARTITION,
+    TIMESTAMP,
+    TOMBSTONE,
+    UPDATE,
     UPDATE_RECORD_TYPE,
+    FieldType,
+    Part,
     RecordDecodeError,
     RecordDecoder,
+    RecordField,
     SnapshotValue,
     UpdateValue,
     decode_snapshot_value,
@@ -55,66 +57,60 @@ from protocol.records import (
 )
 from spark_jobs.sealed import RawRecord
 
-Value = SnapshotValue | UpdateValue | None
+# A record's decoded value: a SnapshotValue, an UpdateValue, or None for a tombstone.
+Value: TypeAlias = "msgspec.Struct | None"
 
-SNAPSHOT, UPDATE, TOMBSTONE = "ShareSnapshot", "ShareUpdate", "ShareTombstone"
 
+def _integer_type(annotation: Any) -> Any:
+    """int64 for a field wider than 32 bits, else int32 (Spark's int)."""
+    return pa.int64() if annotation.__metadata__[0].le >= 2**31 else pa.int32()
+
+
+# The batches of a row, by StateBatch's own fields.
 BATCH_TYPE = pa.struct(
     [
-        pa.field("first_offset", pa.int64(), nullable=False),
-        pa.field("last_offset", pa.int64(), nullable=False),
-        pa.field("delivery_state", pa.int32(), nullable=False),
-        pa.field("delivery_count", pa.int32(), nullable=False),
+        pa.field(f.name, _integer_type(f.type), nullable=False)
+        for f in msgspec.structs.fields(StateBatch)
     ]
 )
-RECORD_FIELDS = [
-    pa.field("log_offset", pa.int64(), nullable=False),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
-    pa.field("record_type", pa.string(), nullable=False),
-    pa.field("group_id", pa.string(), nullable=False),
-    pa.field("topic_id", pa.string(), nullable=False),
-    pa.field("partition", pa.int32(), nullable=False),
-    pa.field("snapshot_epoch", pa.int32()),
-    pa.field("state_epoch", pa.int32()),
-    pa.field("leader_epoch", pa.int32()),
-    pa.field("start_offset", pa.int64()),
-    pa.field("create_timestamp", pa.int64()),
-    pa.field("write_timestamp", pa.int64()),
-    pa.field("delivery_complete_count", pa.int32()),
-    pa.field("fence_leader_epoch", pa.int32()),
-    pa.field("fence_state_epoch", pa.int32()),
-    pa.field("batches", pa.list_(pa.field("element", BATCH_TYPE, nullable=False))),
-]
-# The history's files: the partition columns live in the directory names.
-HISTORY_SCHEMA = pa.schema(RECORD_FIELDS)
+ARROW_TYPES: dict[FieldType, Any] = {
+    FieldType.INT32: pa.int32(),
+    FieldType.INT64: pa.int64(),
+    FieldType.STRING: pa.string(),
+    FieldType.TIMESTAMP: pa.timestamp("us", tz="UTC"),
+    FieldType.STATE_BATCHES: pa.list_(pa.field("element", BATCH_TYPE, nullable=False)),
+}
+
+
+def _arrow_field(field: RecordField, name: str | None = None) -> pa.Field:
+    return pa.field(name or field.name, ARROW_TYPES[field.type], nullable=field.nullable)
+
+
 # The data source's rows.
-SOURCE_SCHEMA = pa.schema([pa.field("state_partition", pa.int32(), nullable=False), *RECORD_FIELDS])
-SOURCE_DDL = (
-    "state_partition int, log_offset bigint, timestamp timestamp, record_type string, "
-    "group_id string, topic_id string, partition int, snapshot_epoch int, state_epoch int, "
-    "leader_epoch int, start_offset bigint, create_timestamp bigint, write_timestamp bigint, "
-    "delivery_complete_count int, fence_leader_epoch int, fence_state_epoch int, "
-    "batches array<struct<first_offset: bigint, last_offset: bigint, delivery_state: int, "
-    "delivery_count: int>>"
-)
+SOURCE_SCHEMA = pa.schema([_arrow_field(f) for f in FIELDS])
+# The history's files: the partition column lives in the directory names.
+HISTORY_FIELDS = tuple(f for f in FIELDS if f is not STATE_PARTITION)
+HISTORY_SCHEMA = pa.schema([_arrow_field(f, f.history_name) for f in HISTORY_FIELDS])
 
-_decode_updates = msgspec.msgpack.Decoder(list[UpdateValue]).decode
-_decode_snapshots = msgspec.msgpack.Decoder(list[SnapshotValue]).decode
+
+def _spark_type(arrow_type: Any) -> str:
+    if pa.types.is_list(arrow_type):
+        return f"array<{_spark_type(arrow_type.value_type)}>"
+    if pa.types.is_struct(arrow_type):
+        inner = ", ".join(f"{f.name}: {_spark_type(f.type)}" for f in arrow_type)
+        return f"struct<{inner}>"
+    if pa.types.is_timestamp(arrow_type):
+        return "timestamp"
+    return {pa.int32(): "int", pa.int64(): "bigint", pa.string(): "string"}[arrow_type]
+
+
+SOURCE_DDL = ", ".join(f"{f.name} {_spark_type(f.type)}" for f in SOURCE_SCHEMA)
+
+# list[UpdateValue], list[SnapshotValue]: the layouts are built at run time from FIELDS.
+_decode_updates = msgspec.msgpack.Decoder(GenericAlias(list, (UpdateValue,))).decode
+_decode_snapshots = msgspec.msgpack.Decoder(GenericAlias(list, (SnapshotValue,))).decode
 _split_raw = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
-_BATCHES = attrgetter("state_batches")
-
-# Fields by record type, for the columns (snapshots, updates): None where it has none.
-_COLUMNS: tuple[tuple[str, str | None, str | None, Any], ...] = (
-    ("snapshot_epoch", "snapshot_epoch", "snapshot_epoch", pa.int32()),
-    ("state_epoch", "state_epoch", None, pa.int32()),
-    ("leader_epoch", "leader_epoch", "leader_epoch", pa.int32()),
-    ("start_offset", "start_offset", "start_offset", pa.int64()),
-    ("create_timestamp", "create_timestamp", None, pa.int64()),
-    ("write_timestamp", "write_timestamp", None, pa.int64()),
-    ("delivery_complete_count", "delivery_complete_count", "delivery_complete_count", pa.int32()),
-    ("fence_leader_epoch", "fence_leader_epoch", None, pa.int32()),
-    ("fence_state_epoch", "fence_state_epoch", None, pa.int32()),
-)
+_BATCHES = attrgetter(STATE_BATCHES.name)
 
 
 class DecodedValues:
@@ -127,9 +123,9 @@ class DecodedValues:
         self,
         size: int,
         update_at: np.ndarray[Any, Any],
-        updates: list[UpdateValue],
+        updates: list[Any],
         snapshot_at: np.ndarray[Any, Any],
-        snapshots: list[SnapshotValue],
+        snapshots: list[Any],
     ) -> None:
         self.update_at, self.updates = update_at, updates
         self.snapshot_at, self.snapshots = snapshot_at, snapshots
@@ -207,46 +203,45 @@ def record_batch(
     key_bytes = [r[3] for r in records]
     distinct = {k: decoder.decode_key(k) for k in set(key_bytes)}
     keys = [distinct[k] for k in key_bytes]
-    types = np.full(size, TOMBSTONE, dtype=object)
-    types[decoded.update_at] = UPDATE
-    types[decoded.snapshot_at] = SNAPSHOT
-    columns: list[pa.Array] = [
-        pa.array([r[0] for r in records], pa.int64()),
-        pa.array(np.array([r[1] for r in records], dtype=np.int64) * 1000).cast(
-            pa.timestamp("us", tz="UTC")
-        ),
-        pa.array(types, pa.string()),
-        pa.array([k.group_id for k in keys], pa.string()),
-        pa.array([k.topic_id for k in keys], pa.string()),
-        pa.array([k.partition for k in keys], pa.int32()),
-    ]
-    for _, snapshot_field, update_field, arrow_type in _COLUMNS:
-        columns.append(_scatter(size, decoded, snapshot_field, update_field, arrow_type))
-    columns.append(_batches(size, decoded))
-    if state_partition is None:
-        return pa.RecordBatch.from_arrays(columns, schema=HISTORY_SCHEMA)
-    partition_column = pa.array(np.full(size, state_partition, dtype=np.int32))
-    return pa.RecordBatch.from_arrays([partition_column, *columns], schema=SOURCE_SCHEMA)
+    kinds = np.full(size, TOMBSTONE, dtype=object)
+    kinds[decoded.update_at] = UPDATE
+    kinds[decoded.snapshot_at] = SNAPSHOT
+    frame = {
+        LOG_OFFSET.name: lambda: pa.array([r[0] for r in records], pa.int64()),
+        TIMESTAMP.name: lambda: pa.array(
+            np.array([r[1] for r in records], dtype=np.int64) * 1000
+        ).cast(ARROW_TYPES[TIMESTAMP.type]),
+        RECORD_TYPE.name: lambda: pa.array(kinds, pa.string()),
+        STATE_PARTITION.name: lambda: pa.array(np.full(size, state_partition, dtype=np.int32)),
+    }
+    columns: list[pa.Array] = []
+    fields = HISTORY_FIELDS if state_partition is None else FIELDS
+    for field in fields:
+        if field.part is Part.FRAME:
+            columns.append(frame[field.name]())
+        elif field.part is Part.KEY:
+            values = list(map(attrgetter(field.name), keys))
+            columns.append(pa.array(values, ARROW_TYPES[field.type]))
+        elif field.type is FieldType.STATE_BATCHES:
+            columns.append(_batches(size, decoded))
+        else:
+            columns.append(_scatter(size, decoded, field))
+    schema = HISTORY_SCHEMA if state_partition is None else SOURCE_SCHEMA
+    return pa.RecordBatch.from_arrays(columns, schema=schema)
 
 
-def _scatter(
-    size: int,
-    decoded: DecodedValues,
-    snapshot_field: str | None,
-    update_field: str | None,
-    arrow_type: Any,
-) -> pa.Array:
-    """One column: each record type's field put at its records' positions; null where a
-    record has no such field (or holds nil in it)."""
+def _scatter(size: int, decoded: DecodedValues, field: RecordField) -> pa.Array:
+    """One column: the field of each record kind that has it, put at its records'
+    positions; null where a record has no such field (or holds nil in it)."""
     data = np.zeros(size, dtype=np.int64)
     valid = np.zeros(size, dtype=bool)
-    for at, values, name in (
-        (decoded.snapshot_at, decoded.snapshots, snapshot_field),
-        (decoded.update_at, decoded.updates, update_field),
+    for at, values, kind in (
+        (decoded.snapshot_at, decoded.snapshots, SNAPSHOT),
+        (decoded.update_at, decoded.updates, UPDATE),
     ):
-        if name is None or not values:
+        if field.position(kind) is None or not values:
             continue
-        column = list(map(attrgetter(name), values))
+        column = list(map(attrgetter(field.name), values))
         if None in column:
             present = np.array([c is not None for c in column], dtype=bool)
             data[at[present]] = [c for c in column if c is not None]
@@ -254,7 +249,7 @@ def _scatter(
         else:
             data[at] = column
             valid[at] = True
-    return pa.array(data, mask=~valid).cast(arrow_type)
+    return pa.array(data, mask=~valid).cast(ARROW_TYPES[field.type])
 
 
 def _batches(size: int, decoded: DecodedValues) -> pa.Array:
@@ -276,16 +271,12 @@ def _batches(size: int, decoded: DecodedValues) -> pa.Array:
     offsets = np.zeros(size + 1, dtype=np.int32)
     np.cumsum(lengths // 4, out=offsets[1:])
     batches = pa.StructArray.from_arrays(
-        [
-            pa.array(grid[:, 0]),
-            pa.array(grid[:, 1]),
-            pa.array(grid[:, 2]).cast(pa.int32()),
-            pa.array(grid[:, 3]).cast(pa.int32()),
-        ],
+        [pa.array(grid[:, i]).cast(f.type) for i, f in enumerate(BATCH_TYPE)],
         fields=list(BATCH_TYPE),
     )
+    list_type = ARROW_TYPES[FieldType.STATE_BATCHES]
     return pa.ListArray.from_arrays(
-        pa.array(offsets), batches, type=RECORD_FIELDS[-1].type, mask=pa.array(~present)
+        pa.array(offsets), batches, type=list_type, mask=pa.array(~present)
     )
 
 
@@ -293,5 +284,5 @@ def rows_as_records(table: pa.Table | pa.RecordBatch) -> list[dict[str, Any]]:
     """The rows as plain dicts (timestamps back to ms): for tests and small reports."""
     rows: list[dict[str, Any]] = table.to_pylist()
     for row in rows:
-        row["timestamp"] = int(row["timestamp"].timestamp() * 1000)
+        row[TIMESTAMP.name] = int(row[TIMESTAMP.name].timestamp() * 1000)
     return rows

@@ -12,7 +12,8 @@ Two phases per key, in one pass over the records in offset order:
    last snapshot matter only for the fencing maxima (docs/semantics.md §2, §4: leaderEpochMap is the
    highest leader epoch of any record, stateEpochMap the highest state epoch of any
    snapshot, both raised by the fence fields of §A). Only those fields of their values
-   are looked at, with the replay's own rules. Every value was decoded in bulk
+   are looked at, by the replay's own fence rule (``protocol.replay.snapshot_fences``
+   and ``update_leader_fence``, which ShareStateMap calls too). Every value was decoded in bulk
    beforehand (spark_jobs/columns.py: the history export needs them all, and one
    msgspec call per segment costs less than one per record) and checked as the record
    decoder checks it, so a log the daemon cannot load is never "repaired" by compaction.
@@ -58,22 +59,16 @@ from protocol.records import (
     snapshot_from_value,
     update_from_value,
 )
-
-# max_epoch and max_optional_epoch are the replay's own rules for the fence fields: the
-# light phase must take the maxima exactly as ShareStateMap does, None fences and all.
 from protocol.replay import (
+    DEFAULT_RECORDS_PER_SNAPSHOT,
     KeyState,
     ShareGroupOffset,
     ShareStateMap,
-    max_epoch,
-    max_optional_epoch,
+    snapshot_fences,
+    update_leader_fence,
 )
 from spark_jobs.columns import Value, decode_values
 from spark_jobs.sealed import RawRecord
-
-# The replay's snapshot-update counter is bookkeeping the fold does not keep (docs/semantics.md §A.1
-# point 12); any valid limit gives the same states.
-_RECORDS_PER_SNAPSHOT = 500
 
 # Stands in for a key's state before its tail replays: the tail starts with a snapshot,
 # which replaces it.
@@ -94,16 +89,15 @@ class FoldResult:
 
 
 class _KeyHistory:
-    """What the light phase keeps per key: the fences of everything before the tail,
-    and the tail (the indices of the key's last snapshot or tombstone and the records
-    after it)."""
+    """What the light phase keeps per key: the fences of everything before the tail
+    (None, None while that leaves the key without state), and the tail (the indices of
+    the key's last snapshot or tombstone and the records after it)."""
 
-    __slots__ = ("leader_fence", "present", "state_fence", "tail")
+    __slots__ = ("leader_fence", "state_fence", "tail")
 
     def __init__(self, first: int) -> None:
-        self.present = False  # whether the key has state before the tail
-        self.leader_fence: Any = None
-        self.state_fence: Any = None
+        self.leader_fence: int | None = None
+        self.state_fence: int | None = None
         self.tail: list[int] = [first]
 
 
@@ -129,37 +123,26 @@ def fold_records(
         elif record[2] == UPDATE_RECORD_TYPE:
             history.tail.append(index)
         else:  # a snapshot or a tombstone replaces the state: the tail so far retires
-            _retire_tail(history, values)
+            _retire_tail(history, records, values)
             history.tail = [index]
     return _fold_tails(records, values, histories, tombstone_cutoff_ms)
 
 
-def _retire_tail(history: _KeyHistory, values: Sequence[Value]) -> None:
-    """Phase 1: replay the tail's effect on the fences, and nothing else. The rules are
-    ShareStateMap's (docs/semantics.md §4, §A), restated with its own helpers for the fence
-    fields."""
-    present, leader, state = history.present, history.leader_fence, history.state_fence
+def _retire_tail(
+    history: _KeyHistory, records: Sequence[RawRecord], values: Sequence[Value]
+) -> None:
+    """Phase 1: the tail's effect on the key's fences, and nothing else, by the replay's
+    fence rule; the batches are not even read."""
+    leader, state = history.leader_fence, history.state_fence
     for index in history.tail:
-        value = values[index]
+        value: Any = values[index]  # a decoded value: its record's fields by name
         if value is None:  # a tombstone clears the key
-            present, leader, state = False, None, None
-        elif type(value) is SnapshotValue:
-            leader_epoch, fence_leader = value.leader_epoch, value.fence_leader_epoch
-            state_epoch, fence_state = value.state_epoch, value.fence_state_epoch
-            if present:
-                leader = max_optional_epoch(leader, leader_epoch, fence_leader)
-                state = max_optional_epoch(state, state_epoch, fence_state)
-            else:
-                leader = max_epoch(leader_epoch, fence_leader)
-                state = max_epoch(state_epoch, fence_state)
-                present = True
+            leader, state = None, None
+        elif records[index][2] == SNAPSHOT_RECORD_TYPE:
+            leader, state = snapshot_fences(leader, state, value)
         else:
-            leader_epoch = value.leader_epoch
-            if present:
-                leader = max(leader, leader_epoch)
-            else:
-                present, leader, state = True, leader_epoch, None
-    history.present, history.leader_fence, history.state_fence = present, leader, state
+            leader = update_leader_fence(leader, value.leader_epoch)
+    history.leader_fence, history.state_fence = leader, state
 
 
 def _record(key: Any, value: Value) -> Record:
@@ -180,13 +163,15 @@ def _fold_tails(
     """Phase 2: replay each key's tail and emit what stands for it."""
     result = FoldResult()
     decoder = RecordDecoder()
-    state_map = ShareStateMap(_RECORDS_PER_SNAPSHOT)
+    # The snapshot-update counter is bookkeeping the fold does not keep (docs/semantics.md
+    # §A.1 point 12): any valid limit gives the same states.
+    state_map = ShareStateMap(DEFAULT_RECORDS_PER_SNAPSHOT)
     out = result.records
     for key, history in histories.items():
         share_key = decoder.decode_key(key)
         tail = [records[i] for i in history.tail]
         head = tail[0]
-        if history.present:
+        if history.leader_fence is not None:
             # The tail replays onto the key as the records before it left it: its
             # fences (a snapshot replaces the rest, docs/semantics.md §4).
             state_map.keys[share_key] = KeyState(

@@ -32,8 +32,9 @@ from persistence.history import (
     temp_name,
     write_marker,
 )
-from protocol.records import RecordDecoder
+from protocol.records import FIELDS, LOG_OFFSET, STATE_PARTITION, RecordDecoder
 from spark_jobs.columns import (
+    HISTORY_FIELDS,
     HISTORY_SCHEMA,
     SOURCE_SCHEMA,
     DecodedValues,
@@ -117,7 +118,7 @@ def _write_day(
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
         raise
-    offsets = rows.column("log_offset")
+    offsets = rows.column(LOG_OFFSET.name)
     return ExportedFile(
         path=os.path.relpath(path, root),
         day=day,
@@ -143,15 +144,18 @@ def read_export(
             continue
     if not tables:
         return
-    table = pa.concat_tables(tables)
+    # The files' own column names, where they differ, become the rows'.
+    table = pa.concat_tables(tables).rename_columns([f.name for f in HISTORY_FIELDS])
+    offsets = LOG_OFFSET.name
     if len(tables) > 1:
-        table = table.sort_by("log_offset")
-    mask = pc.greater(table.column("log_offset"), after)
+        table = table.sort_by(offsets)
+    mask = pc.greater(table.column(offsets), after)
     if below is not None:
-        mask = pc.and_(mask, pc.less(table.column("log_offset"), below))
+        mask = pc.and_(mask, pc.less(table.column(offsets), below))
     table = table.filter(mask)
     if table.num_rows == 0:
         return
     partition_column = pa.array(np.full(table.num_rows, export.partition, dtype=np.int32))
-    table = table.add_column(0, SOURCE_SCHEMA.field(0), partition_column)
+    at = FIELDS.index(STATE_PARTITION)
+    table = table.add_column(at, SOURCE_SCHEMA.field(at), partition_column)
     yield from table.combine_chunks().to_batches()

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import importlib
 import io
 import re
 import ssl
+import struct
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -45,6 +48,15 @@ def kafka_address(stdout_lines: list[str]) -> tuple[str, int]:
         if match:
             return match[1], int(match[2])
     raise AssertionError(f"no Kafka listener line in {stdout_lines}")
+
+
+def raw_request(api_key: int, version: int, correlation: int, body: bytes = b"") -> bytes:
+    """A frame of any apiKey and version, header v2 (null client id, no tagged fields)
+    over ``body``: for the requests no library would build."""
+    header = api_key.to_bytes(2, "big", signed=True) + version.to_bytes(2, "big", signed=True)
+    header += correlation.to_bytes(4, "big", signed=True) + b"\xff\xff" + b"\x00"
+    data = header + body
+    return len(data).to_bytes(4, "big") + data
 
 
 def schema(module: str, version: int, kind: str) -> Any:
@@ -189,6 +201,14 @@ class KafkaClient:
             for request, (_, correlation_id) in zip(requests, frames, strict=True)
         ]
 
+    async def login_plain(self, password: str, user: str = "tests") -> None:
+        """SASL/PLAIN (SaslHandshake v1, SaslAuthenticate v2); asserts it succeeded."""
+        handshake = message_class("sasl_handshake", 1, "request")(mechanism="PLAIN")
+        assert int((await self.send(handshake)).error_code) == 0
+        token = b"\x00" + user.encode() + b"\x00" + password.encode()
+        done = await self.send(message_class("sasl_authenticate", 2, "request")(auth_bytes=token))
+        assert int(done.error_code) == 0, done.error_message
+
     async def rpc(self, rpc: str, body: dict[str, Any], version: int | None = None) -> Any:
         """One share-group state RPC from an HTTP-API body; the answer as HTTP's JSON."""
         return as_http(await self.send(share_request(rpc, body, version)))
@@ -204,3 +224,116 @@ class KafkaClient:
         except asyncio.TimeoutError:
             return False
         return True
+
+
+# --- every string a request carries, made of any bytes --------------------------------------
+
+_TOPIC = "WwwvDo06T2ueIXxNGis8TQ"
+_ENTRY = {"partition": 0, "state_epoch": 0, "leader_epoch": 0, "start_offset": 0}
+
+
+def _uvarint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _string(raw: bytes) -> bytes:
+    return len(raw).to_bytes(2, "big") + raw
+
+
+def _compact(raw: bytes) -> bytes:
+    return _uvarint(len(raw) + 1) + raw
+
+
+def _frame(
+    api_key: int, version: int, body: bytes, *, flexible: bool, client_id: bytes | None = None
+) -> bytes:
+    """A request frame, header v2 (``flexible``) or v1, with a client id of exactly
+    those bytes (null if None)."""
+    header = struct.pack(">hhi", api_key, version, 7)
+    header += b"\xff\xff" if client_id is None else _string(client_id)
+    data = header + (b"\x00" if flexible else b"") + body
+    return len(data).to_bytes(4, "big") + data
+
+
+def share_frame(rpc: str, version: int, group: bytes, client_id: bytes | None = None) -> bytes:
+    """A request of ``rpc`` (kio's encoding) whose group id is exactly ``group``."""
+    entry = {**_ENTRY, "state_batches": []} if rpc == "write" else _ENTRY
+    request = share_request(rpc, body_of("g", entry), version)
+    encoded = encode(request)
+    assert encoded.startswith(_compact(b"g"))  # the group id comes first
+    encoded = _compact(group) + encoded[len(_compact(b"g")) :]
+    return _frame(request.__api_key__, version, encoded, flexible=True, client_id=client_id)
+
+
+def body_of(group: str, entry: dict[str, Any]) -> dict[str, Any]:
+    return {"group_id": group, "topics": [{"topic_id": _TOPIC, "partitions": [entry]}]}
+
+
+def find_coordinator_frame(version: int, keys: list[bytes]) -> bytes:
+    """FindCoordinator for share keys (type 2; one key before v4) of exactly these bytes."""
+    if version >= 4:
+        keys_array = _uvarint(len(keys) + 1) + b"".join(_compact(k) for k in keys)
+        body = b"\x02" + keys_array + b"\x00"
+    elif version == 3:
+        body = _compact(keys[0]) + b"\x02\x00"
+    else:
+        body = _string(keys[0]) + (b"\x02" if version >= 1 else b"")
+    return _frame(10, version, body, flexible=version >= 3)
+
+
+def _find_coordinator_key(version: int, raw: bytes) -> bytes:
+    return find_coordinator_frame(version, [raw])
+
+
+def _find_coordinator_second_key(raw: bytes) -> bytes:
+    return find_coordinator_frame(6, [f"g:{_TOPIC}:0".encode(), raw])
+
+
+def _sasl_mechanism(raw: bytes) -> bytes:
+    return _frame(17, 1, _string(raw), flexible=False)
+
+
+def _api_versions(version: int, which: str, raw: bytes) -> bytes:
+    name, software_version = (raw, b"1") if which == "name" else (b"tests", raw)
+    body = _compact(name) + _compact(software_version) + b"\x00"
+    return _frame(18, version, body, flexible=True)
+
+
+def _api_versions_client_id(raw: bytes) -> bytes:
+    return _frame(18, 0, b"", flexible=False, client_id=raw)
+
+
+def _read_client_id(raw: bytes) -> bytes:
+    return share_frame("read", 0, b"g", client_id=raw)
+
+
+# (where, a frame with that string made of the given bytes, whether the daemon decodes
+# it): the group id of every RPC at every version, FindCoordinator's keys at every
+# version, SaslHandshake's mechanism, ApiVersions' client software name and version;
+# and the header's client id, which the daemon skips unread (Kafka decodes it, never
+# refusing one).
+STRING_POSITIONS: list[tuple[str, Callable[[bytes], bytes], bool]] = [
+    *[
+        (f"{rpc} v{version} group_id", functools.partial(share_frame, rpc, version), True)
+        for rpc in RPC_MODULES
+        for version in range(LATEST[rpc] + 1)
+    ],
+    *[
+        (f"FindCoordinator v{v} key", functools.partial(_find_coordinator_key, v), True)
+        for v in range(7)
+    ],
+    ("FindCoordinator v6 keys[1]", _find_coordinator_second_key, True),
+    ("SaslHandshake v1 mechanism", _sasl_mechanism, True),
+    *[
+        (f"ApiVersions v{v} software {which}", functools.partial(_api_versions, v, which), True)
+        for v in (3, 4)
+        for which in ("name", "version")
+    ],
+    ("ApiVersions v0 client_id", _api_versions_client_id, False),
+    ("read v0 client_id", _read_client_id, False),
+]

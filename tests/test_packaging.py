@@ -8,6 +8,7 @@ the extras, and the other way round installs nothing.
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import shutil
@@ -69,6 +70,17 @@ def test_the_license_is_an_spdx_expression(project: dict[str, Any]) -> None:
     (setuptools,) = (r for r in requires if r.startswith("setuptools"))
     minimum = re.fullmatch(r"setuptools>=(\d+)(\.\d+)*", setuptools)
     assert minimum is not None and int(minimum[1]) >= 77  # PEP 639 expressions
+
+
+def test_the_kafka_declarations_ship_with_the_package() -> None:
+    """The Kafka listener's codec is compiled from protocol/kafka_specs/*.json: a wheel
+    without them would install a daemon that cannot start."""
+    with open(REPO / "pyproject.toml", "rb") as f:
+        setuptools = tomllib.load(f)["tool"]["setuptools"]
+    assert "protocol.kafka_specs" in setuptools["packages"]
+    patterns = setuptools["package-data"]["protocol.kafka_specs"]
+    files = sorted(p.name for p in (REPO / "protocol" / "kafka_specs").iterdir())
+    assert files and all(any(fnmatch.fnmatch(f, p) for p in patterns) for f in files)
 
 
 def test_the_daemon_and_the_client_run_without_the_extras() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import struct
+import zlib
 
 from persistence import (
     FileOps,
@@ -19,7 +20,15 @@ from persistence import (
     partition_dir,
     read_segment,
 )
-from persistence.frame import iter_frames
+from persistence.frame import (
+    CRC_AT,
+    CRC_START,
+    KEY_AT,
+    KEY_LENGTH_AT,
+    MAGIC_AT,
+    RECORD_TYPE_AT,
+    iter_frames,
+)
 from protocol.records import RecordDecoder, ShareSnapshot, encode_key, encode_value
 from protocol.replay import ShareStateMap
 
@@ -143,7 +152,9 @@ def check_appends_work_afterwards(
     assert [r.offset for r in added] == [before_end, before_end + 1, before_end + 2]
     segment_bytes = part.segment_bytes
     log.close()
-    everything = read_back(log.data_dir, partition, segment_bytes=segment_bytes)
+    everything = read_back(
+        log.data_dir, partition, segment_bytes=segment_bytes, num_partitions=log.num_partitions
+    )
     assert everything == kept + added
     return everything
 
@@ -157,6 +168,36 @@ def frames_in(path: str) -> list[tuple[int, int, LogRecord]]:
         (start, end, record)
         for (start, record), end in zip(iter_frames(data), positions[1:], strict=True)
     ]
+
+
+def resealed(frame: bytes, at: int, data: bytes) -> bytes:
+    """``frame`` with ``data`` written at byte ``at`` and its checksum computed again:
+    bytes no crash can make, only a writer (a bug, another program, a hand edit)."""
+    changed = bytearray(frame)
+    changed[at : at + len(data)] = data
+    changed[CRC_AT : CRC_AT + 4] = struct.pack(">I", zlib.crc32(changed[CRC_START:]))
+    return bytes(changed)
+
+
+def impossible_frames(offset: int) -> dict[str, bytes]:
+    """Frames of record `offset` whose checksum holds but whose fields no writer makes,
+    by what is wrong (persistence/frame.py: InvalidFrame)."""
+    key = b"key"
+    sound = encode_frame(offset, TIMESTAMP_BASE, 1, key, b"value")
+    value_length_at = KEY_AT + len(key)
+    changes = {
+        "key-length-past-the-frame": (KEY_LENGTH_AT, struct.pack(">I", 1000)),
+        "key-length-short": (KEY_LENGTH_AT, struct.pack(">I", 2)),
+        "value-length-negative": (value_length_at, struct.pack(">i", -2)),
+        "value-length-past-the-frame": (value_length_at, struct.pack(">i", 6)),
+        "tombstone-with-value-bytes": (value_length_at, struct.pack(">i", -1)),
+        "record-type-unknown": (RECORD_TYPE_AT, b"\x09"),
+        "magic-unknown": (MAGIC_AT, b"\x02"),
+    }
+    frames = {name: resealed(sound, *change) for name, change in changes.items()}
+    # A length field of 20, below the smallest frame (30), over 16 bytes it checksums.
+    frames["length-field-20"] = resealed(struct.pack(">II", 20, 0) + bytes(range(16)), 0, b"")
+    return frames
 
 
 def file_bytes(path: str) -> bytes:

@@ -14,6 +14,7 @@ import pytest
 from log_helpers import (
     append_records,
     frame_starts,
+    impossible_frames,
     newest_segment,
     tree_snapshot,
     write_through_journal,
@@ -144,6 +145,27 @@ def test_a_gap_between_the_file_and_the_journal_refuses_the_partition(data_dir, 
     assert list(refusals) == [0]
     assert "the journal goes on at record" in str(refusals[0])
     del more
+
+
+def test_a_frame_whose_checksum_holds_in_a_segment_judged_strictly_is_named(
+    data_dir, written
+) -> None:
+    """A segment that lost fsynced bytes is judged as recovery judges any: a frame whose
+    checksum holds but whose fields are impossible is damage at its byte, not a torn
+    end to cut (and then a gap)."""
+    log = StateLog.open(data_dir, NUM_PARTITIONS)  # recovery, and a checkpoint at the end
+    for part in log.partitions:
+        part.open()
+    log.close()
+    write_through_journal(data_dir, rounds=1, per_round=2)
+    path = newest_segment(data_dir, 0)
+    cut = frame_starts(path)[5]
+    os.truncate(path, cut)
+    with open(path, "ab") as f:
+        f.write(impossible_frames(5)["key-length-past-the-frame"])
+    refusals = recover(data_dir)
+    assert list(refusals) == [0]
+    assert f"{path}: damaged log at byte {cut}: key length 1000 overruns" in str(refusals[0])
 
 
 def test_a_second_recovery_changes_nothing(data_dir, written) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -135,3 +138,38 @@ def test_an_unreadable_control_file_keeps_the_rules_it_had(
         fs.unlink(str(victim))
     control.write_text('{"faults": []}')
     fs.unlink(str(victim))
+
+
+_CRASHING_CHILD = """
+import os, sys
+from persistence import FaultInjectingFileOps
+fs = FaultInjectingFileOps.from_env()
+directory = sys.argv[1]
+for name in ("a", "b"):
+    fd = fs.open(os.path.join(directory, name + ".tmp"), os.O_WRONLY | os.O_CREAT)
+    fs.close(fd)
+    print("renaming", name, flush=True)
+    fs.rename(os.path.join(directory, name + ".tmp"), os.path.join(directory, name))
+    print("renamed", name, flush=True)
+"""
+
+
+def test_a_crash_rule_kills_the_process_at_the_matching_call(tmp_path: Path) -> None:
+    """``"crash": true`` (no errno needed): the process dies by SIGKILL at exactly the
+    matching call, before it does anything; the calls before it ran."""
+    control = tmp_path / "failpoints.json"
+    rule = {"op": "rename", "path_contains": ".tmp", "after": 1, "crash": True}
+    control.write_text(json.dumps({"faults": [rule]}))
+    repository = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", _CRASHING_CHILD, str(tmp_path)],
+        env={**os.environ, FAILPOINTS_ENV: str(control), "PYTHONPATH": str(repository)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    assert done.stdout.splitlines() == ["renaming a", "renamed a", "renaming b"]
+    assert (tmp_path / "a").exists()
+    assert (tmp_path / "b.tmp").exists() and not (tmp_path / "b").exists()

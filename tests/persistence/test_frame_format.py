@@ -8,6 +8,7 @@ import zlib
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from log_helpers import resealed
 
 from persistence.frame import (
     CRC_AT,
@@ -22,18 +23,20 @@ from persistence.frame import (
     CorruptFrame,
     FrameError,
     IncompleteFrame,
+    InvalidFrame,
     LogRecord,
     decode_frame,
     encode_frame,
     find_next_frame,
     iter_frames,
 )
+from protocol.records import RECORD_TYPES
 
 records = st.builds(
     LogRecord,
     offset=st.integers(0, 2**63 - 1),
     timestamp=st.integers(-(2**63), 2**63 - 1),
-    record_type=st.integers(0, 255),
+    record_type=st.sampled_from(RECORD_TYPES),
     key=st.binary(max_size=64),
     value=st.none() | st.binary(max_size=256),
 )
@@ -140,20 +143,72 @@ def test_zeroed_bytes_are_corrupt() -> None:
         decode_frame(b"\0" * 512)
 
 
-def test_a_wrong_magic_byte_with_a_matching_checksum_is_corrupt() -> None:
-    frame = bytearray(encode_frame(0, 0, 0, b"k", b"v"))
-    frame[MAGIC_AT] = 2
-    frame[CRC_AT : CRC_AT + 4] = struct.pack(">I", zlib.crc32(frame[CRC_START:]))
-    with pytest.raises(CorruptFrame, match="magic"):
-        decode_frame(bytes(frame))
+SOUND = encode_frame(0, 0, 0, b"kk", b"vv")
+VALUE_LENGTH_AT = KEY_AT + 2
 
 
-def test_inconsistent_inner_lengths_with_a_matching_checksum_are_corrupt() -> None:
-    frame = bytearray(encode_frame(0, 0, 0, b"kk", b"vv"))
-    frame[KEY_LENGTH_AT : KEY_LENGTH_AT + 4] = struct.pack(">I", 3)
-    frame[CRC_AT : CRC_AT + 4] = struct.pack(">I", zlib.crc32(frame[CRC_START:]))
-    with pytest.raises(CorruptFrame, match="length"):
+def short_frame(length: int) -> bytes:
+    """A length field below the smallest frame, with the checksum of the bytes it claims."""
+    body = bytes([1]) * (length - 4)
+    return struct.pack(">II", length, zlib.crc32(body)) + body
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        pytest.param(resealed(SOUND, MAGIC_AT, b"\x02"), "magic byte 2", id="magic"),
+        pytest.param(resealed(SOUND, RECORD_TYPE_AT, b"\x07"), "record type 7", id="record-type"),
+        pytest.param(
+            resealed(SOUND, OFFSET_AT, struct.pack(">q", -5)), "negative record offset", id="offset"
+        ),
+        pytest.param(
+            resealed(SOUND, KEY_LENGTH_AT, struct.pack(">I", 3)), "value length", id="key-length"
+        ),
+        pytest.param(
+            resealed(SOUND, KEY_LENGTH_AT, struct.pack(">I", 2**32 - 1)),
+            "key length 4294967295 overruns",
+            id="key-length-huge",
+        ),
+        pytest.param(
+            resealed(SOUND, VALUE_LENGTH_AT, struct.pack(">i", -2)),
+            "value length -2",
+            id="value-length-negative",
+        ),
+        pytest.param(
+            resealed(SOUND, VALUE_LENGTH_AT, struct.pack(">i", 1)),
+            "value length 1",
+            id="value-length-short",
+        ),
+        pytest.param(
+            resealed(SOUND, VALUE_LENGTH_AT, struct.pack(">i", -1)),
+            "value length -1",
+            id="tombstone-with-bytes",
+        ),
+        pytest.param(short_frame(5), "length field 5", id="length-field-5"),
+        pytest.param(short_frame(29), "length field 29", id="length-field-29"),
+    ],
+)
+def test_impossible_fields_with_a_matching_checksum_are_invalid(frame: bytes, reason: str) -> None:
+    """The checksum holds, so these bytes were written so: InvalidFrame, which no reader
+    takes for a torn write."""
+    with pytest.raises(InvalidFrame, match=reason) as raised:
+        decode_frame(frame + SOUND)
+    assert raised.value.position == 0
+
+
+def test_a_short_length_field_is_incomplete_until_its_bytes_are_there() -> None:
+    frame = short_frame(20)
+    with pytest.raises(IncompleteFrame) as raised:
+        decode_frame(frame[:-1])
+    assert raised.value.needed == len(frame)
+
+
+def test_a_short_length_field_whose_checksum_fails_is_corrupt_not_invalid() -> None:
+    frame = bytearray(short_frame(20))
+    frame[-1] ^= 0xFF
+    with pytest.raises(CorruptFrame) as raised:
         decode_frame(bytes(frame))
+    assert not isinstance(raised.value, InvalidFrame)
 
 
 @given(st.binary(max_size=300))

@@ -9,6 +9,11 @@ segment, and states the outcome the next open must reach:
             and changes nothing; partition 1 still opens.
 Then, in every row, appends and group commit work (on partition 0, or on partition 1
 when partition 0 is refused) and a reopen reads everything back.
+
+A frame whose checksum holds but whose fields are impossible (persistence/frame.py:
+InvalidFrame) was written so, never torn: it is damage even as the very last frame of
+the newest segment, where a frame that fails its checksum is taken for a torn write.
+Only the end of the file cutting it short makes it a torn tail again.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -26,11 +32,14 @@ from log_helpers import (
     check_appends_work_afterwards,
     file_bytes,
     frames_in,
+    impossible_frames,
     open_log,
+    resealed,
     write_records,
 )
 
 from persistence import LogCorruptionError, LogRecord, SegmentInfo, encode_frame, verify
+from persistence.frame import KEY_AT, KEY_LENGTH_AT
 from persistence.segments import segment_path
 
 SEGMENT_BYTES = 16 * FRAME_SIZE  # 16 frames per segment
@@ -214,6 +223,45 @@ def a_frame_beyond_its_segment_range(built: Built) -> Outcome:
     return Outcome("corrupt", path=path, position=size)
 
 
+# Frames as the next append would write them (offset RECORDS: in order), each with one
+# field made impossible and its checksum computed again.
+IMPOSSIBLE = impossible_frames(RECORDS)
+
+
+def impossible_frame_appended_to_newest(kind: str) -> Damage:
+    def damage(built: Built) -> Outcome:
+        size = os.path.getsize(built.newest)
+        append(built.newest, IMPOSSIBLE[kind])
+        return Outcome("corrupt", path=built.newest, position=size)
+
+    return damage
+
+
+def last_frame_of_newest_rewritten_with_an_impossible_key_length(built: Built) -> Outcome:
+    """The last frame itself, in place: not torn, since its checksum holds."""
+    start, end, _ = frames_in(built.newest)[-1]
+    frame = file_bytes(built.newest)[start:end]
+    overwrite(built.newest, start, resealed(frame, KEY_LENGTH_AT, struct.pack(">I", 7)))
+    return Outcome("corrupt", path=built.newest, position=start)
+
+
+def impossible_frame_cut_short_by_the_end_of_newest(built: Built) -> Outcome:
+    """An impossible frame the end of the file cuts short: its checksum cannot be checked,
+    so it is a torn write like any frame cut short."""
+    size = os.path.getsize(built.newest)
+    append(built.newest, IMPOSSIBLE["key-length-short"][:-3])
+    return Outcome("torn", built.records, position=size)
+
+
+def impossible_last_frame_of_an_older_segment(built: Built) -> Outcome:
+    path = built.segment(1)
+    start, end, record = frames_in(path)[-1]
+    frame = file_bytes(path)[start:end]
+    value_length_at = KEY_AT + len(record.key)
+    overwrite(path, start, resealed(frame, value_length_at, struct.pack(">i", -7)))
+    return Outcome("corrupt", path=path, position=start)
+
+
 def an_empty_newest_segment_after_a_roll(built: Built) -> Outcome:
     """A crash right after a roll created the next segment: the next offset is its base."""
     with open(segment_path(os.path.dirname(built.newest), 100), "wb"):
@@ -251,6 +299,16 @@ ROWS = [
     pytest.param(truncate_the_last_record_of_an_older_segment, id="truncate-older"),
     pytest.param(a_valid_frame_out_of_order_appended_to_newest, id="offset-goes-back"),
     pytest.param(a_frame_beyond_its_segment_range, id="offset-beyond-segment"),
+    *(
+        pytest.param(impossible_frame_appended_to_newest(kind), id=f"valid-crc-{kind}-at-tail")
+        for kind in IMPOSSIBLE
+    ),
+    pytest.param(
+        last_frame_of_newest_rewritten_with_an_impossible_key_length,
+        id="valid-crc-last-frame-rewritten",
+    ),
+    pytest.param(impossible_frame_cut_short_by_the_end_of_newest, id="valid-crc-frame-cut-short"),
+    pytest.param(impossible_last_frame_of_an_older_segment, id="valid-crc-in-older-segment"),
     pytest.param(an_empty_newest_segment_after_a_roll, id="empty-newest-segment"),
     pytest.param(stray_files_beside_the_segments, id="stray-files"),
     pytest.param(nothing_damaged, id="nothing-damaged"),

@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import os
 
-from log_helpers import FRAME_SIZE, open_log, tree_snapshot, write_records
+import pytest
+from log_helpers import (
+    FRAME_SIZE,
+    check_appends_work_afterwards,
+    impossible_frames,
+    open_log,
+    tree_snapshot,
+    write_records,
+)
 
-from persistence import StateLog, verify, write_staged
+from persistence import LogCorruptionError, StateLog, verify, write_staged
 from persistence.staging import swap_path
 
 SEGMENT_BYTES = 4 * FRAME_SIZE
@@ -61,6 +69,52 @@ def test_a_frame_being_written_at_the_newest_tail_is_a_tail_not_damage(data_dir:
     tail = report.partitions[2].tail
     assert tail is not None
     assert (tail.path, tail.position) == (newest, os.path.getsize(newest) - 11)
+
+
+IMPOSSIBLE = impossible_frames(10)  # as the next append to a filled partition
+
+
+@pytest.mark.parametrize("kind", IMPOSSIBLE)
+def test_a_frame_whose_checksum_holds_is_damage_even_at_the_newest_tail(
+    data_dir: str, kind: str
+) -> None:
+    """Its bytes are what a writer wrote, so it is no torn write: verify names it as
+    damage by file and byte, recovery refuses the partition at the same byte, and the
+    other partitions take appends."""
+    log = filled(data_dir)
+    newest = log.partition(2).segments[-1].path
+    kept = list(log.partition(0).read())
+    size = os.path.getsize(newest)
+    with open(newest, "ab") as f:
+        f.write(IMPOSSIBLE[kind])
+    report = verify(data_dir)  # while the log is still open, as beside the daemon
+    log.close()
+    assert not report.ok
+    result = report.partitions[2]
+    assert result.tail is None
+    assert [(d.path, d.position) for d in result.damage] == [(newest, size)]
+    assert report.partitions[0].ok and report.partitions[1].ok
+
+    log = open_log(data_dir, segment_bytes=SEGMENT_BYTES, num_partitions=3)
+    with pytest.raises(LogCorruptionError) as refused:
+        log.partition(2).open()
+    assert (refused.value.path, refused.value.position) == (newest, size)
+    log.partition(0).open()
+    check_appends_work_afterwards(log, 0, kept)
+
+
+def test_a_frame_whose_checksum_holds_cut_short_at_the_tail_is_a_tail(data_dir: str) -> None:
+    log = filled(data_dir)
+    newest = log.partition(2).segments[-1].path
+    size = os.path.getsize(newest)
+    with open(newest, "ab") as f:
+        f.write(IMPOSSIBLE["key-length-short"][:-1])
+    report = verify(data_dir)
+    log.close()
+    assert report.ok
+    tail = report.partitions[2].tail
+    assert tail is not None
+    assert (tail.path, tail.position) == (newest, size)
 
 
 def test_verify_changes_nothing_even_where_recovery_would(data_dir: str) -> None:

@@ -62,6 +62,7 @@ from protocol.messages import (
     TopicResult,
     WritePartition,
 )
+from tests.hostile_strings import PLACEHOLDER, encode_with, hostile_strings
 
 MSGPACK, JSON = Format.MSGPACK, Format.JSON
 FORMATS = [MSGPACK, JSON]
@@ -284,6 +285,19 @@ REQUEST_PARTITIONS: dict[Rpc, st.SearchStrategy[Any]] = {
 }
 
 
+def within_group_id_limit(text: str) -> bool:
+    return len(text.encode("utf-8")) <= DEFAULT_LIMITS.max_group_id_bytes
+
+
+def key_within_group_id_limit(key: str) -> bool:
+    """A coordinator key's group id part is what precedes its last two ':' (trailing ':'
+    dropped, as the key's parsing does)."""
+    return within_group_id_limit(key.rstrip(":").rsplit(":", 2)[0])
+
+
+GROUP_IDS = st.text(min_size=1).filter(within_group_id_limit)
+
+
 @st.composite
 def requests(draw: st.DrawFn, rpc: Rpc) -> ShareGroupStateRequest[Any]:
     topics = []
@@ -293,7 +307,7 @@ def requests(draw: st.DrawFn, rpc: Rpc) -> ShareGroupStateRequest[Any]:
         topic = TopicRequest(spelled, partitions)
         topic.key_topic_id = canonical
         topics.append(topic)
-    return ShareGroupStateRequest(draw(st.text(min_size=1)), topics)
+    return ShareGroupStateRequest(draw(GROUP_IDS), topics)
 
 
 any_batches = st.lists(
@@ -351,7 +365,7 @@ def test_response_round_trip(rpc: Rpc, fmt: Format, data: st.DataObject) -> None
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@given(keys=st.lists(st.text()))
+@given(keys=st.lists(st.text().filter(key_within_group_id_limit)))
 def test_find_coordinator_round_trip(fmt: Format, keys: list[str]) -> None:
     request = FindCoordinatorRequest(keys)
     assert decode_find_coordinator(encode_find_coordinator(request, fmt), fmt) == request
@@ -594,42 +608,137 @@ def test_request_is_spelled_per_rpc_as_api_md(rpc: Rpc) -> None:
 # --- bodies that do not parse ---------------------------------------------------------
 
 
+NESTED = (
+    "the body nests lists and maps too deeply to be decoded (hundreds of levels); "
+    "no body of the API nests more than 7"
+)
+NOT_JSON = "the body is not valid JSON: "
+NOT_MSGPACK = "the body is not valid msgpack: "
+
+
+# Each says what is wrong in the API's words, never the parser's (no "FormatError", no
+# "Expecting value: line 1 column 1 (char 0)", no "maximum recursion depth").
 @pytest.mark.parametrize(
-    ("fmt", "raw"),
+    ("fmt", "raw", "problem"),
     [
-        (MSGPACK, b""),
-        (MSGPACK, b"\xc1"),  # the one byte msgpack never uses
-        (MSGPACK, b"\x81\xa1a"),  # truncated map
-        (MSGPACK, msgpack.packb({}) + b"\x00"),  # trailing bytes
-        (MSGPACK, b"\x81\xa1a\xa1\xff"),  # invalid UTF-8 in a str
-        (MSGPACK, b"\x81\x01\x02"),  # an int map key
-        (MSGPACK, b"\x91" * 5000 + b"\x90"),  # nested too deep
-        (MSGPACK, b"\xc7\x03\xff\x00\x00\x00"),  # a timestamp of a bad length
-        (JSON, b""),
-        (JSON, b"{"),
-        (JSON, b"{} x"),  # trailing bytes
-        (JSON, b"{}{}"),
-        (JSON, b'{"a": "\xff"}'),  # invalid UTF-8
-        (JSON, "{}".encode("utf-16")),
-        (JSON, b"\xef\xbb\xbf{}"),  # a UTF-8 BOM
-        (JSON, b'{"a": NaN}'),
-        (JSON, b'{"a": -Infinity}'),
-        (JSON, b"[" * 100_000),
-        (JSON, b"{'a': 1}"),
+        (MSGPACK, b"", "the body is empty: expected a msgpack map"),
+        (MSGPACK, b"\xc1", NOT_MSGPACK + "byte 0xc1 at offset 0, which msgpack never uses"),
+        (
+            MSGPACK,
+            b"\x81\xa8group_id\xc1",
+            NOT_MSGPACK + "byte 0xc1 at offset 10, which msgpack never uses",
+        ),
+        (MSGPACK, b"\x81\xa1a", NOT_MSGPACK + "it ends in the middle of a value (cut short)"),
+        (
+            MSGPACK,
+            msgpack.packb({}) + b"\x00",
+            NOT_MSGPACK
+            + "1 more byte after its first value (a body is one msgpack map, and nothing after it)",
+        ),
+        (MSGPACK, b"\x81\x01\x02", NOT_MSGPACK + "a map key that is not a string"),
+        (MSGPACK, b"\x91" * 5000 + b"\x90", NESTED),
+        (
+            MSGPACK,
+            b"\xc7\x03\xff\x00\x00\x00",
+            NOT_MSGPACK + "a timestamp (extension type -1) whose data is not 4, 8 or 12 bytes",
+        ),
+        (
+            MSGPACK,
+            b"\xef\xbb\xbf" + msgpack.packb({"group_id": "g", "topics": []}),
+            "the body starts with a UTF-8 byte order mark (EF BB BF), which is no part of "
+            "msgpack: send the map alone",
+        ),
+        (JSON, b"", "the body is empty: expected a JSON object"),
+        (JSON, b" \r\n", "the body is empty: expected a JSON object"),
+        (JSON, b"x", NOT_JSON + "expected a JSON object (line 1, column 1)"),
+        (JSON, b"{", NOT_JSON + "expected a field name in double quotes (line 1, column 2)"),
+        (JSON, b"{'a': 1}", NOT_JSON + "expected a field name in double quotes (line 1, column 2)"),
+        (JSON, b'{"a" 1}', NOT_JSON + "expected ':' after a field name (line 1, column 6)"),
+        (
+            JSON,
+            b'{"a": [1 2]}',
+            NOT_JSON + "expected ',' or the end of a list or map (line 1, column 10)",
+        ),
+        (JSON, b'{"a": "b', NOT_JSON + "a string that is never closed (line 1, column 7)"),
+        (JSON, b"{} x", NOT_JSON + "more after the end of the JSON value (line 1, column 4)"),
+        (JSON, b"{}\n{}", NOT_JSON + "more after the end of the JSON value (line 2, column 1)"),
+        (
+            JSON,
+            b'{"a": "\\x"}',
+            NOT_JSON + 'an escape JSON does not have (it has \\", \\\\, \\/, \\b, \\f, \\n, \\r, '
+            "\\t and \\uXXXX) (line 1, column 8)",
+        ),
+        (
+            JSON,
+            b'{"a": "\\u12"}',
+            NOT_JSON + "a \\u escape without four hexadecimal digits (line 1, column 9)",
+        ),
+        (
+            JSON,
+            b'{"a":\n "x\ny"}',
+            NOT_JSON + "a raw newline (U+000A) in a string; JSON carries it escaped, as \\n "
+            "(line 2, column 4)",
+        ),
+        (
+            JSON,
+            b'{"group_id": "g", "topics": [], "a": "\x00"}',  # in a field nobody reads
+            NOT_JSON + "a raw control character (U+0000), which JSON allows nowhere (in a "
+            "string it is escaped, as \\u0000) (line 1, column 39)",
+        ),
+        (
+            JSON,
+            b'{"group_id": "g", "topics": []}\x00',
+            NOT_JSON + "a control character (U+0000) outside any string (line 1, column 32)",
+        ),
+        (
+            JSON,
+            b'{"group_id": "g", "topics": []}\xff',
+            NOT_JSON + "bytes that are not UTF-8 (ff); JSON is UTF-8 text (line 1, column 32)",
+        ),
+        (
+            JSON,
+            "{}".encode("utf-16"),
+            "the body is UTF-16 (it starts with a UTF-16 byte order mark): send it in UTF-8",
+        ),
+        (
+            JSON,
+            b'\xef\xbb\xbf{"group_id": "g", "topics": []}',
+            "the body starts with a byte order mark (EF BB BF): send the JSON text without it",
+        ),
+        (
+            JSON,
+            b'{"a": NaN}',
+            NOT_JSON + "NaN is not a JSON number (JSON has no NaN, Infinity or -Infinity)",
+        ),
+        (
+            JSON,
+            b'{"a": -Infinity}',
+            NOT_JSON + "-Infinity is not a JSON number (JSON has no NaN, Infinity or -Infinity)",
+        ),
+        (JSON, b"[" * 100_000, NESTED),
+        (JSON, b"[" * 100_000 + b"]" * 100_000, NESTED),
+        (JSON, b'{"group_id": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", NESTED),
     ],
 )
-def test_a_body_that_does_not_parse_is_a_body_error(fmt: Format, raw: bytes) -> None:
+def test_a_body_that_does_not_parse_is_a_body_error_saying_why(
+    fmt: Format, raw: bytes, problem: str
+) -> None:
     exc = body_error(lambda: decode_request(Rpc.WRITE, raw, fmt), "")
-    assert exc.problem.startswith("the body is not valid ")
+    assert exc.problem == problem
 
 
-def test_an_over_long_json_int_literal_is_a_body_error() -> None:
-    # Python 3.11 refuses to parse it; older interpreters parse it and the width check fails.
+def test_an_over_long_json_int_literal_is_a_body_error_naming_its_field() -> None:
+    # Python (3.11+) refuses to convert it: the message names the field, not Python's limit.
     raw = json.dumps(body(Rpc.DELETE, entry(Rpc.DELETE, partition=0))).replace(
-        '"partition": 0', '"partition": ' + "9" * 5000
+        '"partition": 0', '"partition": ' + "9" * 5001
     )
-    with pytest.raises(BodyError):
-        decode_request(Rpc.DELETE, raw.encode(), JSON)
+    exc = body_error(lambda: decode_request(Rpc.DELETE, raw.encode(), JSON), f"{ENTRY}.partition")
+    assert exc.problem == "expected an integer in int32 range, got an integer of 5001 digits"
+
+
+def test_an_over_long_json_int_literal_in_a_field_nobody_reads_is_ignored() -> None:
+    raw = b'{"group_id": "g", "topics": [], "extra": -' + b"9" * 5001 + b"}"
+    assert decode_request(Rpc.DELETE, raw, JSON).group_id == "g"
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -799,7 +908,93 @@ def test_a_lone_surrogate_in_a_stored_string_is_a_body_error(path: str, field: s
     set_path(obj, path, "g\ud800")
     raw = json.dumps(obj).encode()
     assert b"\\ud800" in raw
-    body_error(lambda: decode_request(Rpc.READ, raw, JSON), field)
+    exc = body_error(lambda: decode_request(Rpc.READ, raw, JSON), field)
+    assert exc.problem == (
+        "expected valid Unicode text, got a lone surrogate (\\ud800) at character 1 of the string"
+    )
+
+
+# --- hostile bytes in strings ---------------------------------------------------------------
+
+# Every string field of every request body, as (decoder, a valid body, the field).
+STRING_FIELDS: list[tuple[str, Callable[[bytes, Format], object], Callable[[], Any], str]] = [
+    *[
+        (f"{r.value} {field}", partial(decode_request, r), partial(body, r), field)
+        for r in Rpc
+        for field in ("group_id", "topics[0].topic_id")
+    ],
+    *[
+        (
+            f"find-coordinator {field}",
+            decode_find_coordinator,
+            lambda: {"keys": [f"g:{TOPIC}:0", f"h:{TOPIC}:1"]},
+            field,
+        )
+        for field in ("keys[0]", "keys[1]")
+    ],
+    (
+        "topic registration topic_id",
+        decode_topic_registration,
+        lambda: {"topic_id": TOPIC, "partition_count": 3},
+        "topic_id",
+    ),
+]
+
+
+def hostile_cases(fmt: Format) -> list[Any]:
+    return [
+        pytest.param(decode, make, field, raw, problem, id=f"{name}-{kind}")
+        for name, decode, make, field in STRING_FIELDS
+        for kind, (raw, problem) in hostile_strings(fmt).items()
+    ]
+
+
+def with_raw_string(obj: Any, field: str, raw: bytes, fmt: Format) -> bytes:
+    """``obj`` encoded with the string at ``field`` made of exactly the bytes ``raw``."""
+    set_path(obj, field, PLACEHOLDER)
+    return encode_with(obj, raw, fmt)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "decode", "make", "field", "raw", "problem"),
+    [
+        pytest.param(fmt, *case.values, id=f"{fmt.name}-{case.id}")
+        for fmt in FORMATS
+        for case in hostile_cases(fmt)
+    ],
+)
+def test_hostile_bytes_at_every_string_field_are_a_body_error_naming_it(
+    fmt: Format,
+    decode: Callable[[bytes, Format], object],
+    make: Callable[[], Any],
+    field: str,
+    raw: bytes,
+    problem: str,
+) -> None:
+    encoded = with_raw_string(make(), field, raw, fmt)
+    decode(encode(make(), fmt), fmt)  # the body is valid without them
+    exc = body_error(lambda: decode(encoded, fmt), field)
+    assert exc.problem == problem
+
+
+@pytest.mark.parametrize(
+    ("fmt", "raw"),
+    [(MSGPACK, b"a\x00b"), (JSON, b"a\\u0000b"), (MSGPACK, b"\x00"), (JSON, b"\\u0000")],
+)
+def test_nul_is_a_character_like_any_other_in_a_group_id(fmt: Format, raw: bytes) -> None:
+    """Kafka takes any string as a group id, NUL included; both encodings carry it (JSON
+    escaped), and the Kafka listener takes it too."""
+    encoded = with_raw_string(body(Rpc.READ), "group_id", raw, fmt)
+    assert decode_request(Rpc.READ, encoded, fmt).group_id == raw.decode("unicode_escape")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_bytes_that_are_not_utf8_in_a_field_nobody_reads_are_ignored(fmt: Format) -> None:
+    """As msgspec skips them: unknown fields are ignored, whatever they hold."""
+    obj = body(Rpc.READ)
+    obj["extra"] = "x"
+    encoded = with_raw_string(obj, "extra", b"\xff\xed\xa0\x80", fmt)
+    assert decode_request(Rpc.READ, encoded, fmt).group_id == "g"
 
 
 @pytest.mark.parametrize(
@@ -862,8 +1057,56 @@ def test_more_state_batches_than_the_limit_is_a_body_error(fmt: Format) -> None:
     assert exc.problem == "3 state batches, more than the limit of 2"
 
 
-def test_default_limits_are_5000_entries_and_10000_batches() -> None:
-    assert Limits() == Limits(max_entries_per_request=5000, max_state_batches_per_entry=10000)
+def test_default_limits_are_5000_entries_10000_batches_and_255_byte_group_ids() -> None:
+    assert Limits() == Limits(
+        max_entries_per_request=5000, max_state_batches_per_entry=10000, max_group_id_bytes=255
+    )
+
+
+# A group id of exactly 255 bytes, in each width UTF-8 has: 1, 2, 3 and 4 bytes a character.
+GROUP_IDS_AT_THE_LIMIT = ["g" * 255, "é" * 127 + "g", "€" * 85, "𝄞" * 63 + "ggg"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rpc", list(Rpc))
+@pytest.mark.parametrize("group_id", GROUP_IDS_AT_THE_LIMIT, ids=["1", "2", "3", "4"])
+def test_a_group_id_of_exactly_the_limit_in_utf8_bytes_is_accepted(
+    group_id: str, rpc: Rpc, fmt: Format
+) -> None:
+    assert len(group_id.encode()) == 255
+    obj = body(rpc)
+    obj["group_id"] = group_id
+    assert decode_request(rpc, encode(obj, fmt), fmt).group_id == group_id
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rpc", list(Rpc))
+@pytest.mark.parametrize("group_id", GROUP_IDS_AT_THE_LIMIT, ids=["1", "2", "3", "4"])
+def test_a_group_id_one_byte_over_the_limit_is_a_body_error_naming_the_limit(
+    group_id: str, rpc: Rpc, fmt: Format
+) -> None:
+    obj = body(rpc)
+    obj["group_id"] = group_id + "g"
+    exc = body_error(lambda: decode_request(rpc, encode(obj, fmt), fmt), "group_id")
+    assert exc.problem == "256 bytes, over the limit of 255 (max_group_id_bytes)"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_the_group_id_limit_counts_utf8_bytes_not_characters(fmt: Format) -> None:
+    limits = Limits(max_group_id_bytes=8)
+    obj = body(Rpc.READ)
+    obj["group_id"] = "€€€"  # 3 characters, 9 bytes
+    exc = body_error(lambda: decode_request(Rpc.READ, encode(obj, fmt), fmt, limits), "group_id")
+    assert exc.problem == "9 bytes, over the limit of 8 (max_group_id_bytes)"
+    obj["group_id"] = "€€gg"  # 4 characters, 8 bytes
+    assert decode_request(Rpc.READ, encode(obj, fmt), fmt, limits).group_id == "€€gg"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_group_id_over_the_limit_is_refused_even_without_topics(fmt: Format) -> None:
+    obj = {"group_id": "g" * (1 << 20), "topics": []}
+    exc = body_error(lambda: decode_request(Rpc.WRITE, encode(obj, fmt), fmt), "group_id")
+    assert exc.problem == "1048576 bytes, over the limit of 255 (max_group_id_bytes)"
 
 
 # --- edge checks: the entry fails alone with 42 ---------------------------------------
@@ -1165,6 +1408,26 @@ def test_more_find_coordinator_keys_than_the_limit_is_a_body_error() -> None:
         "keys",
     )
     assert exc.problem == "3 keys, more than the limit of 2"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_find_coordinator_key_whose_group_id_is_over_the_limit_is_a_body_error(
+    fmt: Format,
+) -> None:
+    at_the_limit = [
+        "€" * 85 + f":{TOPIC}:0",
+        "g" * 255,  # no ':': all of it is the group id part
+        "g" * 255 + ":" + "x" * 1000,
+        "g:" * 127 + f"g:{TOPIC}:0",  # a ':' before the last two is the group id's
+        "g" * 255 + f":{TOPIC}:0:::",  # trailing ':' are no part at all
+    ]
+    assert decode_find_coordinator(encode({"keys": at_the_limit}, fmt), fmt).keys == at_the_limit
+    for over in ["€" * 85 + "g" + f":{TOPIC}:0", "g" * 256, "g:" * 128 + f":{TOPIC}:0"]:
+        keys = ["g:t:0", over]
+        exc = body_error(
+            lambda keys=keys: decode_find_coordinator(encode({"keys": keys}, fmt), fmt), "keys[1]"
+        )
+        assert exc.problem.startswith("its group id: 256 bytes, over the limit of 255"), over
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -14,6 +14,7 @@ from protocol.kafka_wire import Reader, WireError
 from protocol.messages import Rpc
 from protocol.sasl import (
     SCRAM_SHA_256,
+    DecoyShape,
     SaslFailed,
     ScramServer,
     check_plain,
@@ -100,7 +101,7 @@ def test_rfc7677_test_vector():
         SCRAM_SHA_256,
         lambda user, mechanism: credential if user == "user" else None,
         "%hvYDpWUa2RaTCAfuxFIlj)hNlF$k0",
-        b"decoy",
+        DecoyShape(b"decoy"),
     )
     first = server.step(b"n,,n=user,r=rOprNGfwEbeRWgbNEkqO")
     assert first == (
@@ -121,14 +122,14 @@ def test_rfc7677_test_vector():
      b"n,a=other,n=user,r=abc", b"n,,n=us=er,r=abc", b"n,,n=user,r=abc,tokenauth=true"],
 )  # fmt: skip
 def test_scram_refuses_what_it_does_not_support(first):
-    server = ScramServer(SCRAM_SHA_256, lambda u, m: None, "s", b"k")
+    server = ScramServer(SCRAM_SHA_256, lambda u, m: None, "s", DecoyShape(b"k"))
     with pytest.raises(SaslFailed):
         server.step(first)
 
 
 def test_an_unknown_user_gets_a_stable_decoy_salt_and_fails_at_the_proof():
     def fresh() -> ScramServer:
-        return ScramServer(SCRAM_SHA_256, lambda u, m: None, "server", b"decoy-key")
+        return ScramServer(SCRAM_SHA_256, lambda u, m: None, "server", DecoyShape(b"decoy-key"))
 
     a, b = fresh(), fresh()
     assert a.step(b"n,,n=ghost,r=c1").split(b",")[1] == b.step(b"n,,n=ghost,r=c2").split(b",")[1]

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+import protocol.records
 from protocol.batches import StateBatch
 from protocol.records import (
+    FIELDS,
+    SNAPSHOT,
     SNAPSHOT_RECORD_TYPE,
+    TOMBSTONE,
+    UPDATE,
     UPDATE_RECORD_TYPE,
+    VALUE_FIELDS,
     RecordDecodeError,
     RecordDecoder,
     ShareKey,
@@ -19,6 +28,7 @@ from protocol.records import (
     ShareUpdate,
     decode_record,
     encode_record,
+    record_row,
 )
 
 int32 = st.integers(-(2**31), 2**31 - 1)
@@ -123,3 +133,58 @@ def test_records_decoder_shares_one_key_object_per_key():
 def test_records_garbage_raises_record_decode_error(record_type, key, value):
     with pytest.raises(RecordDecodeError):
         decode_record(record_type, key, value)
+
+
+def test_records_fields_are_the_row_that_log_dump_and_the_data_source_share():
+    # The one list of the names outside FIELDS: what the declaration must say.
+    assert [f.name for f in FIELDS] == [
+        "state_partition", "log_offset", "timestamp", "record_type",
+        "group_id", "topic_id", "partition",
+        "snapshot_epoch", "state_epoch", "leader_epoch", "start_offset",
+        "create_timestamp", "write_timestamp", "delivery_complete_count",
+        "fence_leader_epoch", "fence_state_epoch", "state_batches",
+    ]  # fmt: skip
+    assert {kind: [f.name for f in fields] for kind, fields in VALUE_FIELDS.items()} == {
+        SNAPSHOT: list(ShareSnapshot._fields[1:]),
+        UPDATE: list(ShareUpdate._fields[1:]),
+        TOMBSTONE: [],
+    }
+
+
+def test_records_refuse_to_load_when_a_record_class_differs_from_the_declaration(monkeypatch):
+    swapped = list(VALUE_FIELDS[UPDATE])
+    swapped[1], swapped[2] = swapped[2], swapped[1]
+    monkeypatch.setitem(protocol.records.VALUE_FIELDS, UPDATE, tuple(swapped))
+    with pytest.raises(TypeError, match="ShareUpdate"):
+        protocol.records._check_declaration()
+
+
+def test_records_row_holds_every_field_and_null_where_the_kind_has_none():
+    key = ShareKey("g", "AAAAAAAAAAAAAAAAAAAAAQ", 3)
+    update = record_row(1, 40, 1_000, ShareUpdate(key, 0, 5, -1, [StateBatch(10, 12, 2, 1)], -1))
+    assert list(update) == [f.name for f in FIELDS]
+    assert (update["record_type"], update["group_id"], update["partition"]) == (
+        "ShareUpdate",
+        "g",
+        3,
+    )
+    assert (update["state_partition"], update["log_offset"], update["timestamp"]) == (1, 40, 1_000)
+    assert (update["leader_epoch"], update["state_epoch"], update["fence_state_epoch"]) == (
+        5,
+        None,
+        None,
+    )
+    assert update["state_batches"] == [
+        {"first_offset": 10, "last_offset": 12, "delivery_state": 2, "delivery_count": 1}
+    ]
+    tombstone = record_row(1, 41, 1_001, ShareTombstone(key))
+    assert list(tombstone) == list(update)
+    assert tombstone["record_type"] == "ShareTombstone" and tombstone["state_batches"] is None
+
+
+def test_records_fields_are_the_rows_that_docs_api_md_lists():
+    api = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text(encoding="utf-8")
+    section = api.split("### A record as a row", 1)[1].split("\n#", 1)[0]
+    table = section.split("| field | type | kinds | what it is |", 1)[1].split("\n\n", 1)[0]
+    documented = re.findall(r"^\| `(\w+)` \|", table, flags=re.MULTILINE)
+    assert documented == [f.name for f in FIELDS]

@@ -99,10 +99,44 @@ def test_1_2_key_parsing_drops_trailing_empty_tokens():
     )
 
 
-def test_1_2_key_parsing_reformats_before_hashing():
-    messy = "  group1 :AAAAAAAAAAAAAAAAAAAAAQ==:+0"
+def test_1_2_key_parsing_reformats_the_topic_id_and_partition_before_hashing():
+    messy = "group1:AAAAAAAAAAAAAAAAAAAAAQ==:+0"
     assert parse_coordinator_key(messy) == ("group1", "AAAAAAAAAAAAAAAAAAAAAQ", 0)
     assert partition_for_key(messy, 50) == 20
+
+
+def test_1_2_key_parsing_keeps_the_group_id_as_given():
+    """The RPCs route on the group id as sent: find-coordinator must hash the same one,
+    padding and all (Kafka does not trim it either)."""
+    key = "  group1 :AAAAAAAAAAAAAAAAAAAAAQ:0"
+    assert parse_coordinator_key(key) == ("  group1 ", "AAAAAAAAAAAAAAAAAAAAAQ", 0)
+    assert partition_for_key(key, 50) == partition_for("  group1 ", "AAAAAAAAAAAAAAAAAAAAAQ", 0, 50)
+    assert partition_for_key(key, 50) != partition_for("group1", "AAAAAAAAAAAAAAAAAAAAAQ", 0, 50)
+
+
+def test_1_2_key_parsing_reads_from_the_right_so_a_group_id_may_hold_colons():
+    topic = "AAAAAAAAAAAAAAAAAAAAAQ"
+    assert parse_coordinator_key(f"a:b::{topic}:3") == ("a:b:", topic, 3)
+    assert parse_coordinator_key(f":g:{topic}:3") == (":g", topic, 3)
+    assert parse_coordinator_key(f"::{topic}:3") == (":", topic, 3)
+
+
+@given(
+    st.text(min_size=1, max_size=20).filter(lambda g: g.strip("".join(map(chr, range(33))))),
+    st.integers(-(2**31), 2**31 - 1),
+    st.integers(1, 200),
+)
+def test_1_2_the_key_of_any_group_routes_where_its_rpcs_do(group, partition, n):
+    topic = "AAAAAAAAAAAAAAAAAAAAAQ"
+    key = coordinator_key(group, topic, partition)
+    assert parse_coordinator_key(key) == (group, topic, partition)
+    assert partition_for_key(key, n) == partition_for(group, topic, partition, n)
+
+
+@pytest.mark.parametrize("group", ["", " ", "\t \n", "\x00\x1f "])
+def test_1_2_a_blank_group_id_is_refused_as_kafka_refuses_it(group):
+    with pytest.raises(ValueError, match="group id part of the key is empty or blank"):
+        parse_coordinator_key(f"{group}:AAAAAAAAAAAAAAAAAAAAAQ:0")
 
 
 @pytest.mark.parametrize(
@@ -110,7 +144,7 @@ def test_1_2_key_parsing_reformats_before_hashing():
     [
         "g:AAAAAAAAAAAAAAAAAAAAAQ",  # two tokens
         "g:AAAAAAAAAAAAAAAAAAAAAQ:1:x",  # four tokens
-        " :AAAAAAAAAAAAAAAAAAAAAQ:1",  # empty group after trim
+        " :AAAAAAAAAAAAAAAAAAAAAQ:1",  # a blank group id
         "g:not-a-topic-id:1",
         "g:AAAAAAAAAAAAAAAAAAAAAQ:1.5",
         "g:AAAAAAAAAAAAAAAAAAAAAQ:2147483648",  # past int32

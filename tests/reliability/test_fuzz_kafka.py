@@ -7,7 +7,12 @@ Hypothesis builds frames of four kinds, each sent on a fresh connection of one d
 * well-formed requests of the five RPCs at every version, encoded by kio (independent
   of our codec), with random field values: widths' edges, negative partitions and
   epochs, inverted and out-of-range batches, odd group ids and topic ids;
-* those requests with a few bytes flipped, cut or inserted.
+* those requests with a few bytes flipped, cut or inserted;
+* strings made at the byte level (``tests.hostile_strings``): bytes that are not UTF-8
+  (random, overlong forms, encoded surrogates) at every string a request carries, in
+  every version (the group id of the five RPCs, FindCoordinator's keys, SaslHandshake's
+  mechanism, ApiVersions' client software name and version): each closes its connection
+  unanswered; in the header's client id, which the daemon never reads, they are answered.
 
 Every frame gets a well-formed answer with its correlation id, or the connection closed
 (what Kafka does with what it cannot read). The well-formed requests must be answered.
@@ -29,9 +34,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.hostile_strings import not_utf8
 from tests.kafka_client import (
     LATEST,
     RPC_MODULES,
+    STRING_POSITIONS,
     encode,
     kafka_address,
     message_class,
@@ -232,6 +239,28 @@ def run_valid(fuzzed, figures, request: tuple[int, int, bytes]) -> None:
     figures.add("valid_requests_answered")
 
 
+@st.composite
+def hostile_string_frames(draw: st.DrawFn) -> tuple[str, bytes, bool]:
+    """A request with one string made of bytes that are not UTF-8: (where, the frame,
+    whether the daemon reads that string)."""
+    where, frame_with, read = draw(st.sampled_from(STRING_POSITIONS))
+    return where, frame_with(draw(not_utf8())), read
+
+
+def run_hostile_string(fuzzed, figures, case: tuple[str, bytes, bool]) -> None:
+    daemon, host, port = fuzzed
+    where, frame, read = case
+    answer = exchange(host, port, frame)
+    assert daemon.process.poll() is None, ("the daemon died", where, frame[:200])
+    if read:
+        assert answer is None, ("answered instead of closed", where, frame[:200])
+        figures.add("closed_unanswered")
+    else:
+        assert answer is not None and answer[:4] == struct.pack(">i", 7), (where, answer)
+        figures.add("answered")
+    figures.add("bad_inputs_tried")
+
+
 def _rpc_name(api_key: int) -> str:
     return {83: "initialize", 84: "read", 85: "write", 86: "delete", 87: "read-summary"}[api_key]
 
@@ -262,3 +291,17 @@ def test_hostile_frames_long(fuzzed, figures, frame):
 @given(request=share_requests())
 def test_random_field_values_long(fuzzed, figures, request):
     run_valid(fuzzed, figures, request)
+
+
+@settings(FUZZ, max_examples=SHORT)
+@given(case=hostile_string_frames())
+def test_strings_that_are_not_utf8_close_the_connection(fuzzed, figures, case):
+    run_hostile_string(fuzzed, figures, case)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+@settings(FUZZ, max_examples=LONG)
+@given(case=hostile_string_frames())
+def test_strings_that_are_not_utf8_close_the_connection_long(fuzzed, figures, case):
+    run_hostile_string(fuzzed, figures, case)

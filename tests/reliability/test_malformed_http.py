@@ -15,7 +15,7 @@ import gzip
 import aiohttp
 import pytest
 
-from tests.reliability.raw_http import connect, exchange, request_bytes
+from tests.reliability.raw_http import Closed, RawReply, Reader, connect, exchange, request_bytes
 from tests.server.daemons import Api, metric_value
 
 RPC = "/v1/share-group-state/read"
@@ -29,6 +29,8 @@ MALFORMED = {
     "tls hello on the plain port": (bytes.fromhex("16030100a5010000a10303") + b"\0" * 40, 400),
     "http/2 preface": (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400),
     "unknown http version": (b"GET /healthz HTTP/3.0\r\nHost: x\r\n\r\n", 400),
+    "http/0.9 request line": (b"GET /readyz\r\n", 400),
+    "http/0.9 request line, then a blank line": (b"GET /readyz\r\n\r\n", 400),
     "header without colon": (b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n", 400),
     "nul in a header": (b"GET /healthz HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n", 400),
     "no host header": (b"GET /healthz HTTP/1.1\r\n\r\n", 400),
@@ -57,6 +59,25 @@ MALFORMED = {
     "bad chunk size": (H + b"Transfer-Encoding: chunked\r\n\r\nZZZ\r\nabc\r\n0\r\n\r\n", 400),
     "chunk longer than said": (
         H + b"Transfer-Encoding: chunked\r\n\r\n2\r\nabcdef\r\n0\r\n\r\n",
+        400,
+    ),
+    # RFC 9112 §6.1: a transfer coding the server does not implement is 501...
+    "a transfer coding before chunked": (
+        H + b"Transfer-Encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        501,
+    ),
+    # ... and one without chunked last leaves no way to find the body's end: 400.
+    "a transfer coding without chunked": (
+        H + b"Transfer-Encoding: gzip\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+        400,
+    ),
+    # ... and one that names no coding at all is malformed: 400.
+    "an empty transfer-encoding": (
+        H + b"Transfer-Encoding: \t\r\nContent-Length: 2\r\n\r\n{}",
+        400,
+    ),
+    "a transfer-encoding of commas": (
+        H + b"Transfer-Encoding: , ,\r\nContent-Length: 2\r\n\r\n{}",
         400,
     ),
     "unknown expectation on an rpc": (H + b"Expect: 999-foo\r\nContent-Length: 2\r\n\r\n{}", 417),
@@ -90,6 +111,45 @@ async def test_malformed_http_is_answered_with_the_api_error_body(daemon, sessio
         assert set(error) == {"error_code", "error_message"}, (name, error)
         assert error["error_code"] == 42, (name, error)
         assert error["error_message"], name
+    await no_bug_was_logged(daemon, session)
+
+
+REFUSED_AND_CLOSED = (
+    b"GET /readyz\r\n",
+    b"GET /readyz\r\n\r\n",
+    H + b"Transfer-Encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+    H + b"Transfer-Encoding: identity, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n",
+)
+
+
+def refused_then_closed(host: str, port: int, raw: bytes) -> RawReply:
+    """The answer to ``raw``, sent with a valid request after it; asserts that the
+    connection closes after the answer, the valid request never answered."""
+    valid = request_bytes("GET", "/healthz")
+    with connect(host, port) as sock:
+        sock.sendall(raw + valid)
+        reader = Reader(sock)
+        reply = reader.answer()
+        with pytest.raises(Closed):
+            reader.answer()
+    return reply
+
+
+async def test_http_0_9_and_transfer_codings_but_chunked_are_refused_and_the_connection_closed(
+    daemon, session
+):
+    for raw in REFUSED_AND_CLOSED:
+        reply = await asyncio.to_thread(refused_then_closed, daemon.host, daemon.port, raw)
+        assert reply.status in (400, 501), (raw, reply)
+        assert reply.error_body()["error_code"] == 42, (raw, reply)
+        # Alone, each is refused for what it is.
+        reply = await asyncio.to_thread(exchange, daemon.host, daemon.port, raw)
+        why = "HTTP/0.9 is not supported" if reply.status == 400 else "Transfer-Encoding '"
+        assert why in reply.error_body()["error_message"], (raw, reply)
+    # Chunked alone, in any case, is what it always was.
+    chunked = H + b"Transfer-Encoding: Chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    reply = await asyncio.to_thread(exchange, daemon.host, daemon.port, chunked)
+    assert reply.status == 400 and "group_id" in reply.error_body()["error_message"], reply
     await no_bug_was_logged(daemon, session)
 
 

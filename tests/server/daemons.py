@@ -26,7 +26,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -115,11 +115,14 @@ class Daemon:
         return self.wait()
 
     def wait(self, timeout: float = STOP_TIMEOUT_S) -> int:
-        try:
-            return self.process.wait(timeout)
-        finally:
-            if self.process.stdout is not None:
-                self.process.stdout.close()
+        """The exit code; raises TimeoutExpired if the process still runs after
+        ``timeout`` (the ``daemons`` fixture kills it then)."""
+        code = self.process.wait(timeout)
+        # Only now: closing the pipe while the process lives blocks on the reading
+        # thread (_pump), which holds the file's lock until the process writes or exits.
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+        return code
 
     def stderr_text(self) -> str:
         return self.stderr_path.read_text(errors="replace")
@@ -418,6 +421,21 @@ class Api:
             headers=headers,
         )
 
+    async def register_topic(self, topic_id: str, partition_count: int) -> Reply:
+        """``PUT /v1/admin/topics`` in this client's format."""
+        return await self.request(
+            "PUT",
+            "/v1/admin/topics",
+            data=encode({"topic_id": topic_id, "partition_count": partition_count}, self.fmt),
+            headers={"Content-Type": MEDIA[self.fmt]},
+        )
+
+    async def delete_topic(self, topic_id: str) -> Reply:
+        """``DELETE /v1/admin/topics/{topic_id}``, answered in this client's format."""
+        return await self.request(
+            "DELETE", f"/v1/admin/topics/{topic_id}", headers={"Accept": MEDIA[self.fmt]}
+        )
+
     async def state(self, group_id: str, topic_id: str, partition: int) -> dict[str, Any] | None:
         """The admin state of a key, or None on 404 (code 3)."""
         reply = await self.admin_state(group_id, topic_id, partition)
@@ -459,6 +477,37 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         if found == labels:
             return float(value)
     return 0.0
+
+
+async def wait_metric(
+    api: Api,
+    name: str,
+    check: Callable[[float], bool],
+    timeout: float = READY_TIMEOUT_S,
+    **labels: str,
+) -> float:
+    """Poll /metrics until the sample ``name{labels}`` (0 while absent) passes
+    ``check``; its value then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = metric_value(await api.metrics(), name, **labels)
+        if check(value):
+            return value
+        assert time.monotonic() < deadline, f"{name}{labels} stayed at {value}"
+        await asyncio.sleep(0.05)
+
+
+async def wait_for_log(
+    daemon: Daemon, check: Callable[[str], bool], timeout: float = READY_TIMEOUT_S
+) -> str:
+    """Poll the daemon's stderr until ``check`` passes on its text; the text then."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = await asyncio.to_thread(daemon.stderr_text)
+        if check(text):
+            return text
+        assert time.monotonic() < deadline, f"not in the log in time:\n{text[-3000:]}"
+        await asyncio.sleep(0.05)
 
 
 # --- writes whose outcome is known without the merge rules ----------------------------------

@@ -334,6 +334,12 @@ ROWS = [
     row("dump-partition-past-the-end", "log dump --data-dir {data} --partition 9", 2, "0..1"),
     row("verify-data-dir-is-a-file", "log verify --data-dir {file}", 2, "not a directory"),
     row("verify-data-dir-missing", "log verify --data-dir {missing}", 2, "not a directory"),
+    row(
+        "verify-not-a-data-dir",
+        "log verify --data-dir {dir}",
+        2,
+        "{dir} is not a sharecoord data directory",
+    ),
     # --- compact
     row("compact-data-dir-is-a-file", "compact --data-dir {file}", 2, "not a directory"),
     row("compact-data-dir-missing", "compact --data-dir {missing}", 2, "not a sharecoord data"),

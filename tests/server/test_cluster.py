@@ -262,13 +262,16 @@ def test_find_coordinator_routes_to_the_owner_of_the_hashed_partition(tmp_path):
         assert result.port == (9095 if expected < 25 else 9096)
 
 
-def test_find_coordinator_reformats_the_key_before_hashing():
-    # A padded group id and a '+'-signed partition hash as the canonical key
-    # (docs/semantics.md §1.2).
+def test_find_coordinator_reformats_the_topic_id_and_partition_before_hashing():
+    # A padded topic id and a '+'-signed partition hash as the canonical key; the group
+    # id is hashed as given, padding and all, as the RPCs route it (docs/semantics.md §1.2).
     cluster = ClusterMap.single(0, "h", 1, 50)
-    [result] = find_coordinator(cluster, [" group1 :AAAAAAAAAAAAAAAAAAAAAQ:+0"])
-    assert result.state_partition == 20
-    assert result.key == " group1 :AAAAAAAAAAAAAAAAAAAAAQ:+0"
+    keys = ["group1:AAAAAAAAAAAAAAAAAAAAAQ==:+0", " group1 :AAAAAAAAAAAAAAAAAAAAAQ:0"]
+    reformatted, padded = find_coordinator(cluster, keys)
+    assert (reformatted.key, reformatted.state_partition) == (keys[0], 20)
+    assert padded.key == keys[1]
+    assert padded.state_partition == partition_for(" group1 ", "AAAAAAAAAAAAAAAAAAAAAQ", 0, 50)
+    assert padded.state_partition != 20
 
 
 @pytest.mark.parametrize(

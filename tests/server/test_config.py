@@ -105,6 +105,7 @@ ACCEPTED = [
     ("max_body_bytes", "1024", 1024),
     ("max_entries_per_request", "1", 1),
     ("max_state_batches_per_entry", "1", 1),
+    ("max_group_id_bytes", "1", 1),
     ("segment_bytes", "1024", 1024),
     ("snapshot_update_records_per_snapshot", "0", 0),
     ("snapshot_update_records_per_snapshot", "500", 500),
@@ -139,6 +140,7 @@ REJECTED = [
     ("max_body_bytes", "1023", "must be >= 1024"),
     ("max_entries_per_request", "0", "must be >= 1"),
     ("max_state_batches_per_entry", "0", "must be >= 1"),
+    ("max_group_id_bytes", "0", "must be >= 1"),
     ("segment_bytes", "1023", "must be >= 1024"),
     ("snapshot_update_records_per_snapshot", "501", "must be between 0 and 500"),
     ("snapshot_update_records_per_snapshot", "-1", "must be between 0 and 500"),
@@ -624,3 +626,14 @@ def test_kafka_listener_is_off_by_default_and_read_from_flag_env_and_file(tmp_pa
 def test_a_bad_kafka_listener_is_refused_naming_it(text):
     with pytest.raises(ConfigError, match="kafka_listener"):
         resolved("--kafka-listener", text)
+
+
+def test_kafka_max_connections_is_1000_unless_set_and_at_least_one(tmp_path):
+    assert resolved()["kafka_max_connections"] == 1000
+    assert resolved("--kafka-max-connections", "5")["kafka_max_connections"] == 5
+    env = {"SHARECOORD_KAFKA_MAX_CONNECTIONS": "7"}
+    assert resolved(env=env)["kafka_max_connections"] == 7
+    file = config_file(tmp_path, "kafka_max_connections = 9\n")
+    assert resolved(file=file)["kafka_max_connections"] == 9
+    with pytest.raises(ConfigError, match=r"kafka_max_connections.*must be >= 1"):
+        resolved("--kafka-max-connections", "0")

@@ -150,19 +150,12 @@ async def test_admin_state_query_errors_are_400_naming_the_parameter(serve, quer
 
 
 async def register(api, topic_id: str, count: int) -> None:
-    reply = await api.request(
-        "PUT",
-        "/v1/admin/topics",
-        data=encode({"topic_id": topic_id, "partition_count": count}, api.fmt),
-        headers={"Content-Type": MEDIA[api.fmt]},
-    )
+    reply = await api.register_topic(topic_id, count)
     assert (reply.status, reply.body) == (200, {"error_code": 0}), reply.body
 
 
 async def delete_topic(api, topic_id: str):
-    return await api.request(
-        "DELETE", f"/v1/admin/topics/{topic_id}", headers={"Accept": MEDIA[api.fmt]}
-    )
+    return await api.delete_topic(topic_id)
 
 
 async def test_catalog_unregistered_topic_answers_3_for_every_rpc(serve, fmt):

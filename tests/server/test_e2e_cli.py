@@ -122,9 +122,9 @@ async def test_log_dump_prints_every_record(spawn, tmp_path):
     assert dump.returncode == 0, dump.stderr
     records = [json.loads(line) for line in dump.stdout.splitlines()]
     assert len(records) == 2 + 80
-    assert [r["offset"] for r in records] == list(range(len(records)))
-    assert {r["partition"] for r in records} == {DAMAGED}
-    last = {r["key"]["partition"]: r for r in records}
+    assert [r["log_offset"] for r in records] == list(range(len(records)))
+    assert {r["state_partition"] for r in records} == {DAMAGED}
+    last = {r["partition"]: r for r in records}
     for key, record in last.items():
         assert record["start_offset"] == model.acked[key].start_offset
         assert record["delivery_complete_count"] == model.acked[key].delivery_complete_count

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from protocol.routing import partition_for
+from tests.kafka_client import KafkaClient, kafka_address, message_class
 from tests.server.daemons import (
     TOPIC,
     TOPIC_RFC4122,
@@ -37,7 +38,12 @@ GROUP = "cluster"
 MSG_NOT_COORDINATOR = "This is not the correct coordinator."
 
 
-def write_cluster_file(path: Path, ports: dict[int, int]) -> None:
+def write_cluster_file(
+    path: Path,
+    ports: dict[int, int],
+    kafka_ports: dict[int, int] | None = None,
+    owned: dict[int, str] = OWNED,
+) -> None:
     nodes = "".join(
         textwrap.dedent(
             f"""
@@ -45,23 +51,29 @@ def write_cluster_file(path: Path, ports: dict[int, int]) -> None:
             id = {node}
             host = "127.0.0.1"
             port = {ports[node]}
-            partitions = ["{OWNED[node]}"]
+            partitions = ["{owned[node]}"]
             """
         )
+        + (f"kafka_port = {kafka_ports[node]}\n" if kafka_ports else "")
         for node in (0, 1)
     )
-    path.write_text(f"num_partitions = {NUM_PARTITIONS}\n{nodes}")
+    last = int(owned[1].rpartition("-")[2])
+    path.write_text(f"num_partitions = {last + 1}\n{nodes}")
 
 
-@pytest.fixture
-async def cluster(spawn, tmp_path) -> dict[int, Daemon]:
-    """Nodes 0 and 1, each on its own data directory and a port named in the file."""
+async def start_cluster(
+    spawn, tmp_path: Path, *, kafka: bool, owned: dict[int, str] = OWNED
+) -> dict[int, Daemon]:
+    """Nodes 0 and 1 owning the ``owned`` ranges (node 1 the last), each on its own data
+    directory and the ports named in the file (with ``kafka``, each with a Kafka listener
+    at its ``kafka_port`` too)."""
     for _ in range(5):  # a port taken between choosing and binding it: choose again
         ports = {0: free_port(), 1: free_port()}
-        if ports[0] == ports[1]:
+        kafka_ports = {0: free_port(), 1: free_port()} if kafka else {}
+        if len({*ports.values(), *kafka_ports.values()}) != 2 + len(kafka_ports):
             continue
         cluster_file = tmp_path / "cluster.toml"
-        await asyncio.to_thread(write_cluster_file, cluster_file, ports)
+        await asyncio.to_thread(write_cluster_file, cluster_file, ports, kafka_ports, owned)
         try:
             return {
                 node: await spawn(
@@ -70,15 +82,21 @@ async def cluster(spawn, tmp_path) -> dict[int, Daemon]:
                     str(node),
                     "--cluster",
                     str(cluster_file),
+                    *(("--kafka-listener", f"127.0.0.1:{kafka_ports[node]}") if kafka else ()),
                     listen=f"127.0.0.1:{ports[node]}",
-                    partitions=NUM_PARTITIONS,
+                    partitions=int(owned[1].rpartition("-")[2]) + 1,
                 )
                 for node in (0, 1)
             }
         except DaemonExited as exc:
             if "address already in use" not in exc.stderr.lower():
                 raise
-    pytest.fail("no two free ports for the cluster")
+    pytest.fail("no free ports for the cluster")
+
+
+@pytest.fixture
+async def cluster(spawn, tmp_path) -> dict[int, Daemon]:
+    return await start_cluster(spawn, tmp_path, kafka=False)
 
 
 def owner(partition: int) -> int:
@@ -180,21 +198,82 @@ async def test_admin_state_on_the_wrong_node_names_the_owner(cluster):
             assert [p["partition"] for p in listing.body["partitions"]] == expected
 
 
-async def test_the_node_find_coordinator_names_is_the_one_that_serves_the_key(cluster):
+# Group ids whose key strings are odd but valid: padding that a trim would drop, a ``:``
+# that a split from the left would take for the separator, beyond ASCII (UTF-16 hashing).
+ODD_GROUPS = (
+    "cluster",
+    " orders-group",
+    "orders-group ",
+    "\torders-group\n",
+    "g:with:colons",
+    ":",
+    "ends-with-colon:",
+    "größe",
+    "\U0001f600-group",
+)
+KEY_PARTITIONS = range(6)
+# Kafka's default of 50 state partitions: with a power of two up to 32, a leading
+# character adds a multiple of the count to the hash and never moves a key.
+HALVES_OF_50 = {0: "0-24", 1: "25-49"}
+
+
+def test_a_trimmed_group_id_would_route_elsewhere():
+    """What the two tests below catch: the finding's group id hashes to another node
+    than its trimmed self for some of their keys."""
+    node = {p: 0 if p < 25 else 1 for p in range(50)}
+    moved = [
+        p
+        for p in KEY_PARTITIONS
+        if node[partition_for(" orders-group", TOPIC, p, 50)]
+        != node[partition_for("orders-group", TOPIC, p, 50)]
+    ]
+    assert moved
+
+
+async def test_the_node_find_coordinator_names_is_the_one_that_serves_the_key(spawn, tmp_path):
     """find-coordinator parses and hashes the key string; the RPCs route the request's
-    fields. Both must agree, also for group ids beyond ASCII (UTF-16 hashing) and a
-    topic id sent in its RFC 4122 spelling."""
+    fields. Both must agree for every group id a key can carry, also with the topic id
+    sent in its RFC 4122 spelling."""
+    cluster = await start_cluster(spawn, tmp_path, kafka=False, owned=HALVES_OF_50)
     async with aiohttp.ClientSession() as session:
         apis = {node: Api(session, daemon.url) for node, daemon in cluster.items()}
-        for group in ("cluster", "größe", "\U0001f600-group", "g:with:colons"):
-            keys = [f"{group}:{TOPIC}:{p}" for p in range(6)]
+        for group in ODD_GROUPS:
+            keys = [f"{group}:{TOPIC}:{p}" for p in KEY_PARTITIONS]
             reply = await apis[1].post("/v1/find-coordinator", {"keys": keys})
-            owners = [c["node_id"] for c in reply.body["coordinators"]]
-            if ":" in group:  # not a key Kafka can parse: 42 for each
-                assert {c["error_code"] for c in reply.body["coordinators"]} == {42}
-                continue
+            found = reply.body["coordinators"]
+            assert {c["error_code"] for c in found} == {0}, (group, found)
             for node, api in apis.items():
-                entries = [init_entry(p, 1, 0) for p in range(6)]
+                entries = [init_entry(p, 1, 0) for p in KEY_PARTITIONS]
                 answer = await api.rpc("initialize", body(group, (TOPIC_RFC4122, entries)))
                 codes = [r["error_code"] for r in answer["results"][0]["partitions"]]
-                assert codes == [0 if owner == node else 16 for owner in owners], (group, node)
+                assert codes == [0 if c["node_id"] == node else 16 for c in found], (group, node)
+                for c in found:
+                    if c["node_id"] == node:
+                        assert c["port"] == cluster[node].port
+
+
+async def test_the_kafka_listeners_findcoordinator_names_the_node_that_serves_the_key(
+    spawn, tmp_path
+):
+    """The same over Kafka's protocol: FindCoordinator v6 on one node names the node
+    (and its Kafka listener) whose InitializeShareGroupState answers 0, the other 16."""
+    nodes = await start_cluster(spawn, tmp_path, kafka=True, owned=HALVES_OF_50)
+    listeners = {node: kafka_address(daemon.stdout_lines) for node, daemon in nodes.items()}
+    clients = {node: await KafkaClient.connect(*address) for node, address in listeners.items()}
+    find = message_class("find_coordinator", 6, "request")
+    try:
+        for group in ODD_GROUPS:
+            keys = tuple(f"{group}:{TOPIC}:{p}" for p in KEY_PARTITIONS)
+            found = (await clients[1].send(find(key_type=2, coordinator_keys=keys))).coordinators
+            assert {int(c.error_code) for c in found} == {0}, (group, found)
+            for node, client in clients.items():
+                entries = [init_entry(p, 1, 0) for p in KEY_PARTITIONS]
+                answer = await client.rpc("initialize", body(group, (TOPIC, entries)))
+                codes = [r["error_code"] for r in answer["results"][0]["partitions"]]
+                assert codes == [0 if c.node_id == node else 16 for c in found], (group, node)
+                for c in found:
+                    if c.node_id == node:
+                        assert (c.host, c.port) == listeners[node]
+    finally:
+        for client in clients.values():
+            await client.close()

@@ -14,13 +14,26 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.kafka_client import KafkaClient, kafka_address, message_class, schema, share_request
+from server.kafka_listener import CLOSES_SHOWN
+from tests.hostile_strings import HOSTILE_STRINGS
+from tests.kafka_client import (
+    STRING_POSITIONS,
+    KafkaClient,
+    find_coordinator_frame,
+    kafka_address,
+    message_class,
+    raw_request,
+    schema,
+    share_request,
+)
 from tests.server.daemons import (
     TOPIC,
     Api,
@@ -30,6 +43,7 @@ from tests.server.daemons import (
     metric_value,
     part,
     read_entry,
+    wait_for_log,
     write_entry,
 )
 from tests.server.test_metrics import FAMILIES
@@ -168,6 +182,9 @@ async def test_empty_group_topics_or_partitions_get_an_empty_answer(kafka):
         await client.close()
 
 
+RPCS = ("initialize", "read", "write", "delete", "read-summary")
+
+
 def _entry(rpc: str, p: int) -> dict[str, Any]:
     return {
         "initialize": init_entry(p),
@@ -216,7 +233,7 @@ async def test_api_versions_every_version_and_one_too_new(kafka):
         )
         assert int((await client.send(bad)).error_code) == 42
         # Version 9: header v2, error 35 in a v0 body naming ApiVersions' range.
-        frame = _raw_request(18, 9, 77, b"\x00")
+        frame = raw_request(18, 9, 77, b"\x00")
         client.writer.write(frame)
         data = await client.read_frame()
         assert data[:4] == (77).to_bytes(4, "big")
@@ -225,13 +242,6 @@ async def test_api_versions_every_version_and_one_too_new(kafka):
         assert [(a.api_key, a.min_version, a.max_version) for a in answer.api_keys] == [(18, 0, 4)]
     finally:
         await client.close()
-
-
-def _raw_request(api_key: int, version: int, correlation: int, body: bytes) -> bytes:
-    header = api_key.to_bytes(2, "big") + version.to_bytes(2, "big", signed=True)
-    header += correlation.to_bytes(4, "big") + b"\xff\xff" + b"\x00"
-    data = header + body
-    return len(data).to_bytes(4, "big") + data
 
 
 def _read(cls: Any, data: bytes) -> Any:
@@ -267,10 +277,10 @@ async def test_find_coordinator_answers_the_kafka_listener_of_this_node(kafka):
 @pytest.mark.parametrize(
     ("what", "frame"),
     [
-        ("unknown api key", _raw_request(999, 0, 1, b"")),
-        ("unsupported version", _raw_request(85, 7, 1, b"\x02g\x01\x00")),
-        ("truncated body", _raw_request(85, 0, 1, b"\x05g")),
-        ("trailing bytes", _raw_request(86, 0, 1, b"\x02g\x01\x00\x00")),
+        ("unknown api key", raw_request(999, 0, 1, b"")),
+        ("unsupported version", raw_request(85, 7, 1, b"\x02g\x01\x00")),
+        ("truncated body", raw_request(85, 0, 1, b"\x05g")),
+        ("trailing bytes", raw_request(86, 0, 1, b"\x02g\x01\x00\x00")),
         ("size over the limit", (10**8).to_bytes(4, "big") + b"\x00" * 16),
         ("negative size", (-5).to_bytes(4, "big", signed=True)),
     ],
@@ -294,6 +304,40 @@ async def test_what_kafka_closes_the_connection_for(kafka, session, what, frame)
         + metric_value(text, "sharecoord_kafka_connections_closed_total", reason="too_large")
         >= 1
     )
+
+
+async def test_a_group_id_over_the_limit_closes_the_connection_as_other_limits_do(kafka, session):
+    """docs/api.md "The Kafka listener": more than a limit allows closes the connection,
+    nothing run; the group id limit (255 UTF-8 bytes) is one of them, in every RPC and in
+    FindCoordinator's keys. Exactly the limit is served."""
+    daemon, _, _ = kafka
+    at_the_limit = "€" * 85  # 255 bytes
+    client = await connect(kafka)
+    try:
+        request = body(at_the_limit, (TOPIC, [init_entry(0)]))
+        assert (await client.rpc("initialize", request))["results"][0]["partitions"][0] == {
+            "partition": 0, "error_code": 0, "error_message": None,
+        }  # fmt: skip
+        fc6 = message_class("find_coordinator", 6, "request")
+        keys = (f"{at_the_limit}:{TOPIC}:0",)
+        (found,) = (await client.send(fc6(key_type=2, coordinator_keys=keys))).coordinators
+        assert int(found.error_code) == 0
+    finally:
+        await client.close()
+    over = at_the_limit + "g"
+    requests = [share_request(rpc, body(over, (TOPIC, [_entry(rpc, 0)]))) for rpc in RPCS]
+    requests.append(share_request("write", body(over)))  # no topics: still over the limit
+    requests.append(fc6(key_type=2, coordinator_keys=(f"{over}:{TOPIC}:0",)))
+    for request in requests:
+        client = await connect(kafka)
+        client.writer.write(client.frame(request)[0])
+        assert await client.closed_by_peer(), request
+        await client.close()
+    text = await Api(session, daemon.url).metrics()
+    closed = metric_value(text, "sharecoord_kafka_connections_closed_total", reason="malformed")
+    assert closed == len(requests)
+    reply = await Api(session, daemon.url).request("GET", "/v1/admin/partitions")
+    assert sum(p["log_end_offset"] for p in reply.body["partitions"]) == 1  # the initialize
 
 
 async def test_metrics_count_kafka_requests_by_api_version_and_outcome(kafka, session):
@@ -334,7 +378,7 @@ async def test_idle_and_slow_connections_are_cut(spawn, tmp_path):
     host, port = kafka_address(daemon.stdout_lines)
     idle = await KafkaClient.connect(host, port)
     slow = await KafkaClient.connect(host, port)
-    slow.writer.write(_raw_request(18, 0, 1, b"")[:7])  # a frame that never completes
+    slow.writer.write(raw_request(18, 0, 1, b"")[:7])  # a frame that never completes
     assert await idle.closed_by_peer(timeout=10)
     assert await slow.closed_by_peer(timeout=10)
     await idle.close()
@@ -377,3 +421,101 @@ async def test_a_wildcard_kafka_listener_is_advertised_by_the_advertised_host(sp
         assert (found.host, found.port, int(found.error_code)) == ("coord.example", port, 0)
     finally:
         await client.close()
+
+
+# --- hostile strings, and the log of the closes they cause ------------------------------------
+
+CLOSED = re.compile(
+    r"^(\S+) INFO sharecoord\.kafka Kafka listener: connection closed "
+    r"reason=(\S+) peer=(\S+) detail=(.*)$",
+    re.MULTILINE,
+)
+NOT_SHOWN = re.compile(r"Kafka listener: more connections closed than shown not_shown=(\d+)")
+
+
+def closes_logged(text: str) -> int:
+    """The closes the log accounts for: one line each, or counted in a summary line."""
+    return len(CLOSED.findall(text)) + sum(int(n) for n in NOT_SHOWN.findall(text))
+
+
+async def answer_or_close(kafka, frame: bytes) -> bytes | None:
+    """The first answer to ``frame`` on a fresh connection, or None if the daemon
+    closed it without one."""
+    client = await connect(kafka)
+    try:
+        client.writer.write(frame)
+        try:
+            return await asyncio.wait_for(client.read_frame(), 30)
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return None
+    finally:
+        await client.close()
+
+
+async def test_bytes_that_are_not_utf8_in_any_string_close_the_connection(kafka, session):
+    """docs/api.md "The Kafka listener": a string that is not UTF-8 (overlong forms and
+    encoded surrogates too) closes the connection, unanswered, wherever it is; the
+    daemon logs each close at info with no trace and serves on. The client id, which
+    the daemon never reads, is no reason to close; NUL is a character like any other."""
+    daemon, _, _ = kafka
+    closed = 0
+    for where, frame_with, decoded in STRING_POSITIONS:
+        assert await answer_or_close(kafka, frame_with(b"g")) is not None, where
+        if decoded and "Sasl" not in where:  # NUL is no SASL mechanism we offer
+            assert await answer_or_close(kafka, frame_with(b"g\x00h")) is not None, where
+        for kind, (raw, _) in HOSTILE_STRINGS.items():
+            answer = await answer_or_close(kafka, frame_with(raw))
+            assert (answer is None) is decoded, (where, kind, answer)
+            closed += decoded
+    api = Api(session, daemon.url)
+    text = await api.metrics()
+    assert metric_value(text, "sharecoord_kafka_connections_closed_total", reason="malformed") == (
+        closed
+    )
+    faults = sum(
+        metric_value(text, "sharecoord_kafka_connections_closed_total", reason=reason)
+        for reason in ("malformed", "unsupported", "unauthenticated", "authentication_failed")
+    )
+    log = await wait_for_log(daemon, lambda text: closes_logged(text) == faults)
+    assert "Traceback" not in log
+    shown = CLOSED.findall(log)
+    assert any("not UTF-8" in detail for _, reason, _, detail in shown if reason == "malformed")
+    assert await connect_and_read_summary(kafka)
+
+
+async def connect_and_read_summary(kafka) -> dict[str, Any]:
+    client = await connect(kafka)
+    try:
+        answer: dict[str, Any] = await client.rpc("read-summary", body("after", (TOPIC, [part(0)])))
+        return answer
+    finally:
+        await client.close()
+
+
+async def test_closes_for_bad_frames_are_logged_with_reason_and_peer_a_few_a_second(kafka):
+    """One line at info per close the client caused (reason, peer, what was wrong); a
+    flood of them costs at most CLOSES_SHOWN lines in an interval, then one line with
+    how many were not shown: never more than twice CLOSES_SHOWN lines in a second, and
+    every close accounted for."""
+    daemon, _, _ = kafka
+    clients = [await connect(kafka) for _ in range(60)]
+    peers = {"{}:{}".format(*c.writer.get_extra_info("sockname")[:2]) for c in clients}
+    bad = find_coordinator_frame(6, [b"\xff"])
+    for client in clients:
+        client.writer.write(bad)
+    for client in clients:
+        assert await client.closed_by_peer()
+        await client.close()
+    log = await wait_for_log(daemon, lambda text: closes_logged(text) == len(clients))
+    shown = CLOSED.findall(log)
+    assert shown
+    for _, reason, peer, detail in shown:
+        assert (reason, detail) == (
+            "malformed",
+            '"FindCoordinator v6: a string that is not UTF-8 at byte 14"',
+        )
+        assert peer in peers
+    moments = [datetime.fromisoformat(at.replace("Z", "+00:00")) for at, *_ in shown]
+    burst = 2 * CLOSES_SHOWN
+    for first, last in zip(moments, moments[burst:], strict=False):
+        assert (last - first).total_seconds() >= 0.9, (first, last)

@@ -101,10 +101,12 @@ async def test_an_unknown_mechanism_is_refused_with_the_enabled_ones(plain):
 # --- SCRAM --------------------------------------------------------------------------------
 
 
-def scram_add(path, user: str, mechanism: str, password: str) -> None:
+def scram_add(path, user: str, mechanism: str, password: str, iterations: int | None = 4096):
+    """`sharecoord scram add`; ``iterations`` None leaves it its default."""
+    flags = [] if iterations is None else ["--iterations", str(iterations)]
     done = subprocess.run(
         [sys.executable, "-m", "server.cli", "scram", "add", "--file", str(path),
-         "--user", user, "--mechanism", mechanism, "--iterations", "4096"],
+         "--user", user, "--mechanism", mechanism, *flags],
         input=password + "\n", capture_output=True, text=True, env=child_env(), cwd=REPO_ROOT,
         timeout=60, check=False,
     )  # fmt: skip
@@ -183,6 +185,64 @@ async def test_scram_with_wrong_credentials_is_refused_and_closed(scram, mechani
     assert not await scram_login(client, mechanism, user, password)
     assert await client.closed_by_peer()
     await client.close()
+
+
+async def server_first(address, mechanism: str, user: str) -> dict[str, str]:
+    """The server-first message's attributes for ``user`` (a fresh connection, left
+    before the proof), with the client's nonce under ``cnonce``."""
+    client = await KafkaClient.connect(*address)
+    try:
+        assert int((await client.send(HANDSHAKE(mechanism=mechanism))).error_code) == 0
+        nonce = secrets.token_urlsafe(18)
+        answer = await client.send(authenticate(2, f"n,,n={user},r={nonce}".encode()))
+        assert int(answer.error_code) == 0
+    finally:
+        await client.close()
+    attributes = dict(item.split("=", 1) for item in answer.auth_bytes.decode().split(","))
+    assert list(attributes) == ["r", "s", "i"]
+    return {**attributes, "cnonce": nonce}
+
+
+def shape(first: dict[str, str]) -> tuple[int, int, int, bool]:
+    """What tells one server-first message from another apart from its random nonce:
+    the salt's length, the iteration count, the server nonce's length and alphabet."""
+    server_nonce = first["r"].removeprefix(first["cnonce"])
+    assert first["r"].startswith(first["cnonce"])
+    urlsafe = all(c.isalnum() or c in "-_" for c in server_nonce)
+    return len(base64.b64decode(first["s"])), int(first["i"]), len(server_nonce), urlsafe
+
+
+async def test_an_unknown_user_gets_the_answer_a_real_user_gets(spawn, tmp_path):
+    """One SCRAM round trip must not tell which user names exist: an unknown name gets a
+    salt as long as a real user's, the same iteration count (what `scram add` writes by
+    default), a nonce alike; its salt is the same every time and after a restart, and
+    differs between mechanisms."""
+    credentials = tmp_path / "scram.json"
+    for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+        await asyncio.to_thread(scram_add, credentials, "alice", mechanism, "pw", None)
+    salts: dict[tuple[str, str], set[str]] = {}
+    for start in range(2):
+        daemon = await spawn(
+            tmp_path / "data", "--kafka-listener", "127.0.0.1:0",
+            "--scram-credentials-file", str(credentials),
+        )  # fmt: skip
+        address = kafka_address(daemon.stdout_lines)
+        for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+            known = await server_first(address, mechanism, "alice")
+            assert int(known["i"]) == 8192  # `scram add`'s default
+            for user in ("mallory", "mallory", "alicf"):
+                unknown = await server_first(address, mechanism, user)
+                assert shape(unknown) == shape(known), (mechanism, user)
+                salts.setdefault((mechanism, user), set()).add(unknown["s"])
+        if start == 0:
+            assert await asyncio.to_thread(daemon.terminate) == 0
+    # One salt per name and mechanism, over two connections and a restart.
+    assert all(len(found) == 1 for found in salts.values()), salts
+    by_mechanism = {
+        mechanism: salts[mechanism, "mallory"] for mechanism in ("SCRAM-SHA-256", "SCRAM-SHA-512")
+    }
+    assert by_mechanism["SCRAM-SHA-256"] != by_mechanism["SCRAM-SHA-512"]
+    assert salts["SCRAM-SHA-256", "mallory"] != salts["SCRAM-SHA-256", "alicf"]
 
 
 # --- TLS ------------------------------------------------------------------------------------

@@ -226,3 +226,36 @@ def test_the_access_log_level_follows_the_flag_and_the_log_level() -> None:
     assert access_log_middleware(config(access_log="false", log_level="info")) is None
     assert access_log_middleware(config(access_log="true")) is not None
     assert access_log_middleware(config(log_level="debug")) is not None
+
+
+async def test_sigterm_cuts_a_request_whose_body_never_comes_and_counts_it_cut_off(spawn, tmp_path):
+    """A request still waiting for its body at SIGTERM may wait forever: the shutdown
+    cuts it at once (no answer, the connection closed) and counts it cut off, instead of
+    waiting for it up to --shutdown-timeout-s. Both timeouts are 600 s here, so a daemon
+    that waits for the body is still running at STOP_TIMEOUT_S."""
+    daemon = await spawn(
+        tmp_path / "data", "--shutdown-timeout-s", "600", "--request-timeout-s", "600"
+    )
+    reader, writer = await asyncio.open_connection(daemon.host, daemon.port)
+    try:
+        writer.write(
+            b"POST /v1/share-group-state/read HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n"
+            b"Expect: 100-continue\r\n\r\n"
+        )
+        await writer.drain()
+        # The interim answer comes from the handler's route: the request is in flight.
+        assert await reader.readuntil(b"\r\n\r\n") == b"HTTP/1.1 100 Continue\r\n\r\n"
+        writer.write(b'{"group_id": "g", ')
+        await writer.drain()
+        daemon.signal(signal.SIGTERM)
+        assert await asyncio.to_thread(daemon.wait) == 0
+        assert await reader.read() == b""  # closed without an answer
+    finally:
+        writer.close()
+    stderr = await asyncio.to_thread(daemon.stderr_text)
+    (stopping,) = [line for line in stderr.splitlines() if "sharecoord.daemon stopping" in line]
+    assert "in_flight=1 bodies_cut=1" in stopping
+    (stopped,) = [line for line in stderr.splitlines() if "sharecoord.daemon stopped" in line]
+    assert "drained=0 cut_off=1 final_commit=done" in stopped
+    assert "Traceback" not in stderr, stderr

@@ -373,3 +373,16 @@ async def test_read_summary_error_results_carry_the_schema_defaults(serve, fmt):
             **SUMMARY_ERROR_DEFAULTS,
         }
     ]
+
+
+async def test_a_write_past_max_state_batches_per_share_partition_answers_42(serve):
+    served = await serve(max_state_batches_per_share_partition=3)
+    api = served.api("json")
+    assert await api.codes("initialize", body("capped", (TOPIC, [init_entry(0)]))) == [0]
+    three = write_entry(0, batch(0, 0), batch(2, 2), batch(4, 4))
+    assert await api.codes("write", body("capped", (TOPIC, [three]))) == [0]
+    (result,) = await api.results("write", body("capped", (TOPIC, [write_entry(0, batch(6, 6))])))
+    assert result["error_code"] == 42
+    assert "over the limit of 3 (max_state_batches_per_share_partition)" in result["error_message"]
+    state = await api.state("capped", TOPIC, 0)
+    assert state is not None and len(state["state_batches"]) == 3

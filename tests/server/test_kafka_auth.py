@@ -8,12 +8,21 @@ import stat
 
 import pytest
 
-from protocol.sasl import SCRAM_SHA_256, SCRAM_SHA_512, derive_credential
+from protocol.sasl import (
+    DEFAULT_ITERATIONS,
+    SALT_BYTES,
+    SCRAM_SHA_256,
+    SCRAM_SHA_512,
+    DecoyShape,
+    derive_credential,
+)
 from server.kafka_auth import (
+    HANDSHAKE_FRAME_BYTES,
     CredentialsError,
     KafkaAuth,
     SaslSession,
     add_user,
+    decoy_key,
     load_credentials,
     remove_user,
 )
@@ -70,3 +79,38 @@ def test_sessions_are_open_without_sasl_and_closed_with_it():
     assert not session.handshake("GSSAPI")
     assert session.handshake("PLAIN")
     assert session.authenticate(b"\x00me\x00t") == b"" and session.authenticated
+
+
+def test_decoys_take_the_shape_most_real_users_of_the_mechanism_have(tmp_path):
+    path = str(tmp_path / "scram.json")
+    assert {(d.salt_bytes, d.iterations) for d in KafkaAuth().decoys.values()} == {
+        (SALT_BYTES, DEFAULT_ITERATIONS)  # what `scram add` writes, with no user to copy
+    }
+    add_user(path, "a", SCRAM_SHA_256, b"pw", 5000)
+    add_user(path, "b", SCRAM_SHA_256, b"pw", 5000)
+    add_user(path, "c", SCRAM_SHA_256, b"pw", 9000)
+    decoys = KafkaAuth(credentials=load_credentials(path), scram_enabled=True).decoys
+    assert (decoys[SCRAM_SHA_256].salt_bytes, decoys[SCRAM_SHA_256].iterations) == (32, 5000)
+    # No SHA-512 user: the file's users still give the shape.
+    assert decoys[SCRAM_SHA_512].iterations == 5000
+
+
+def test_decoy_salts_are_keyed_by_the_stored_server_keys(tmp_path):
+    path = str(tmp_path / "scram.json")
+    add_user(path, "alice", SCRAM_SHA_256, b"pw", 4096)
+    first = load_credentials(path)
+    again = load_credentials(path)
+    assert decoy_key(first) == decoy_key(again)  # the same file: the same salts
+    add_user(path, "alice", SCRAM_SHA_256, b"pw", 4096)  # a fresh salt: new keys
+    assert decoy_key(load_credentials(path)) != decoy_key(first)
+    shape = KafkaAuth(credentials=first, scram_enabled=True).decoys[SCRAM_SHA_256]
+    assert shape.salt(SCRAM_SHA_256, "x") != shape.salt(SCRAM_SHA_512, "x")
+    assert len(shape.salt(SCRAM_SHA_256, "x")) == 32
+    assert len(DecoyShape(b"k", salt_bytes=70).salt(SCRAM_SHA_256, "x")) == 70
+
+
+def test_the_handshake_frame_limit_fits_the_configured_secrets():
+    assert KafkaAuth().handshake_frame_limit == HANDSHAKE_FRAME_BYTES
+    assert KafkaAuth(token=b"t" * 10_000).handshake_frame_limit == HANDSHAKE_FRAME_BYTES + 10_000
+    long_name = {"u" * 1000: {}}
+    assert KafkaAuth(credentials=long_name).handshake_frame_limit == HANDSHAKE_FRAME_BYTES + 6000

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -13,7 +14,14 @@ from collections.abc import Iterator
 
 import pytest
 
-from server.logs import DAEMON_LOGGERS, json_line, log_event, setup_daemon_logging, setup_logging
+from server.logs import (
+    DAEMON_LOGGERS,
+    ThrottledLog,
+    json_line,
+    log_event,
+    setup_daemon_logging,
+    setup_logging,
+)
 
 TEXT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (\S+) (\S+) (.*)$")
 
@@ -252,3 +260,42 @@ def test_json_line_is_what_the_json_format_writes():
         "url": "http://h:1",
     }
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", record["ts"])
+
+
+async def test_a_throttled_log_shows_a_burst_an_interval_then_counts_the_rest():
+    """ThrottledLog: the first ``burst`` events of an interval are lines, the rest only
+    counted; the interval ends with one line saying how many were not shown, and the
+    next event starts a new interval."""
+    stream = io.StringIO()
+    logger = setup_logging("info", "json", stream=stream).getChild("throttled")
+    throttled = ThrottledLog(logger, "info", "more than shown", burst=3, interval_s=0.05)
+    # All within one interval: its end is a timer, which cannot run between these calls.
+    for n in range(10):
+        throttled.log("closed", n=n)
+    assert [(line["msg"], line["n"]) for line in json_lines(stream)] == [
+        ("closed", 0),
+        ("closed", 1),
+        ("closed", 2),
+    ]
+    # The loop runs its timers in order of their time: this sleep ends after the
+    # interval's timer ran, however busy the machine.
+    await asyncio.sleep(0.1)
+    assert json_lines(stream)[3]["msg"] == "more than shown"
+    assert json_lines(stream)[3]["not_shown"] == 7
+    throttled.log("closed", n=10)
+    throttled.log("closed", n=11)
+    throttled.close()  # an interval with nothing hidden ends without a line
+    assert [line.get("n") for line in json_lines(stream)[4:]] == [10, 11]
+
+
+async def test_a_throttled_log_closed_mid_interval_says_what_it_did_not_show():
+    stream = io.StringIO()
+    logger = setup_logging("info", "json", stream=stream).getChild("throttled")
+    throttled = ThrottledLog(logger, "info", "more than shown", burst=1, interval_s=3600)
+    for _ in range(5):
+        throttled.log("closed")
+    throttled.close()
+    assert [(line["msg"], line.get("not_shown")) for line in json_lines(stream)] == [
+        ("closed", None),
+        ("more than shown", 4),
+    ]

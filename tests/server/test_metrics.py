@@ -39,12 +39,14 @@ FAMILIES = {
     "sharecoord_log_bytes": ("gauge", ("partition",)),
     "sharecoord_last_pruned_offset": ("gauge", ("partition",)),
     "sharecoord_partition_load_duration_seconds": ("gauge", ("partition",)),
+    "sharecoord_event_loop_lag_seconds": ("histogram", ()),
     "sharecoord_http_error_responses_total": ("counter", ("status",)),
     # The Kafka listener's families come after the HTTP ones, which keep their names.
     "sharecoord_kafka_requests_total": ("counter", ("api", "version", "outcome")),
     "sharecoord_kafka_request_latency_seconds": ("histogram", ("api",)),
     "sharecoord_kafka_connections": ("gauge", ()),
     "sharecoord_kafka_connections_closed_total": ("counter", ("reason",)),
+    "sharecoord_kafka_connections_refused_total": ("counter", ()),
 }
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
@@ -74,11 +76,13 @@ def busy_metrics() -> ShareCoordinatorMetrics:
     )
     metrics.last_pruned_offset.labels(4).set(100)
     metrics.load_duration.labels(4).set(0.25)
+    metrics.event_loop_lag.labels().observe(0.0005)
     metrics.http_errors.labels(400).inc()
     metrics.kafka_requests.labels("WriteShareGroupState", 1, "ok").inc()
     metrics.kafka_latency.labels("WriteShareGroupState").observe(0.001)
     metrics.kafka_connections.inc()
     metrics.kafka_closed.labels("idle").inc()
+    metrics.kafka_refused.inc()
     return metrics
 
 

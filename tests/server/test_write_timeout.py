@@ -11,7 +11,16 @@ import time
 
 from persistence import FileOps
 from server.service import _Deadlines
-from tests.server.daemons import TOPIC, batch, body, init_entry, write_entry
+from tests.server.daemons import (
+    TOPIC,
+    batch,
+    body,
+    init_entry,
+    part,
+    partitions_in,
+    read_entry,
+    write_entry,
+)
 
 GROUP = "timeouts"
 TIMEOUT_MS = 300
@@ -95,3 +104,31 @@ async def test_the_sweep_settles_expired_waits_only():
     deadlines.sweep()
     assert later.result() == {}
     assert deadlines.sweep_every_s == 0.1
+
+
+async def test_a_read_of_a_quiet_key_does_not_wait_for_another_keys_commit(serve):
+    """What a read shows rests on its key's records alone: with a commit stuck on one
+    key of a state partition, the other keys of that partition read at once (0), while a
+    read of the stuck key waits for that commit, and answers 15 when it times out."""
+    fs = StallingFileOps()
+    served = await serve(fs=fs, write_timeout_ms=2_000, partitions=2)
+    api = served.api("msgpack")
+    stuck, quiet = partitions_in(0, 2, group_id=GROUP, count=2)
+    inits = [init_entry(stuck), init_entry(quiet)]
+    assert await api.codes("initialize", body(GROUP, (TOPIC, inits))) == [0, 0]
+    fs.stall()
+    try:
+        write = asyncio.create_task(
+            api.codes("write", body(GROUP, (TOPIC, [write_entry(stuck, batch(0, 9, 2, 1))])))
+        )
+        await asyncio.to_thread(fs.waiting.wait, 30)
+        assert fs.waiting.is_set(), "the commit never reached its fdatasync"
+        for rpc, entry in (("read-summary", part(quiet)), ("read", read_entry(quiet))):
+            assert await api.codes(rpc, body(GROUP, (TOPIC, [entry]))) == [0]
+        state = await api.state(GROUP, TOPIC, quiet)
+        assert state is not None and state["state_batches"] == []
+        stuck_read = body(GROUP, (TOPIC, [part(stuck)]))
+        assert await api.codes("read-summary", stuck_read) == [15]
+        assert await write == [15]
+    finally:
+        fs.resume()

@@ -467,3 +467,61 @@ def test_handle_dispatches_every_rpc_operation():
     assert code(h.apply(DeleteOp(KEY))[1]) == 0
     with pytest.raises(TypeError):
         handle(h.shard, "not an op")  # type: ignore[arg-type]
+
+
+# --- sharecoord's bound on a share-partition's stored batches (ShardConfig) ------------
+
+
+def limited(max_state_batches: int, n: int = 500) -> Harness:
+    return Harness(ShardConfig(records_per_snapshot=n, max_state_batches=max_state_batches))
+
+
+def held(h: Harness) -> int:
+    state = h.shard.key_state(KEY)
+    assert state is not None
+    return len(state.state.state_batches)
+
+
+@pytest.mark.parametrize("records_per_snapshot", [500, 0])
+def test_a_write_that_would_pass_the_batch_limit_is_refused_and_writes_nothing(
+    records_per_snapshot,
+):
+    h = limited(10, records_per_snapshot)
+    h.initialize()
+    assert code(h.write(batches=[batch(2 * i, 2 * i) for i in range(10)])[1]) == 0
+    assert held(h) == 10
+    records, response = h.write(batches=[batch(100, 100)])
+    assert records == []
+    assert code(response) == errors.INVALID_REQUEST
+    assert response.error_message == (
+        "the share-partition's state would hold 11 state batches, over the limit of 10 "
+        "(max_state_batches_per_share_partition)"
+    )
+    assert held(h) == 10
+
+
+def test_the_limit_counts_what_the_merge_leaves_not_what_was_sent():
+    h = limited(10)
+    h.initialize()
+    assert code(h.write(batches=[batch(2 * i, 2 * i, 2, 3) for i in range(5)])[1]) == 0
+    # One low batch under five high ones fills the four gaps and the end: 5 + 5 = 10 ...
+    assert code(h.write(batches=[batch(0, 9, 0, 1)])[1]) == 0
+    assert held(h) == 10
+    # ... and a batch over what is stored, or a start offset past some of it, adds none.
+    assert code(h.write(batches=[batch(0, 9, 2, 5)])[1]) == 0
+    assert held(h) == 1
+    assert code(h.write(batches=[batch(20 + 2 * i, 20 + 2 * i) for i in range(9)])[1]) == 0
+    assert held(h) == 10
+    assert code(h.write(start_offset=30, batches=[batch(40, 40)])[1]) == 0
+    assert held(h) == 5  # 30, 32, 34, 36 and 40
+
+
+def test_a_few_batches_that_split_many_are_counted_after_the_merge():
+    h = limited(9)
+    h.initialize()
+    assert code(h.write(batches=[batch(2 * i, 2 * i, 2, 3) for i in range(5)])[1]) == 0
+    # Six batches sent and stored, yet the merge would leave ten.
+    records, response = h.write(batches=[batch(0, 9, 0, 1)])
+    assert records == [] and code(response) == errors.INVALID_REQUEST
+    assert "would hold 10 state batches, over the limit of 9" in response.error_message
+    assert held(h) == 5

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import protocol.batches
 from persistence import decode_frame
-from protocol.batches import StateBatch
+from protocol.batches import StateBatch, combine_state_batches
 from protocol.messages import AdminState
 from protocol.records import (
     RecordDecodeError,
@@ -22,8 +23,10 @@ from protocol.records import (
     ShareUpdate,
     encode_record,
 )
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
 from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.sealed import RawRecord
+from tests.protocol.batch_shapes import SHAPES
 from tests.spark.histories import (
     BASE_TIME_MS,
     KEYS,
@@ -104,6 +107,28 @@ def test_a_folded_hand_made_log_replays_to_the_same_admin_state(
     for record in folded.records:
         # Kept as it was, or a folded snapshot at its key's last record.
         assert record in records or (record[2] == 0 and record[0] == last[record[3]][0])
+
+
+def fences(records: list[RawRecord]) -> dict[ShareKey, tuple[int, int | None]]:
+    """Each key's (leader fence, state fence) after the daemon's replay of `records`."""
+    state = ShareStateMap(DEFAULT_RECORDS_PER_SNAPSHOT)
+    for offset, record in decoded(records):
+        state.replay(offset, record)
+    return {key: (entry.leader_fence, entry.state_fence) for key, entry in state.keys.items()}
+
+
+@settings(max_examples=500, deadline=None)
+@given(hand_made_records())
+def test_the_fold_and_the_replay_agree_on_every_keys_fences(records: list[RawRecord]) -> None:
+    """One fence rule: compaction must not fence a leader the daemon lets in, nor let in
+    one it fences. Every folded snapshot carries its key's fences as the whole log's
+    replay has them, and the folded log replays to the same fences."""
+    whole = fences(records)
+    folded = fold_records(records, tombstone_cutoff_ms=NO_CUTOFF).records
+    assert fences(folded) == whole
+    for _, record in decoded(folded):
+        if type(record) is ShareSnapshot:
+            assert (record.fence_leader_epoch, record.fence_state_epoch) == whole[record.key]
 
 
 @settings(max_examples=200, deadline=None)
@@ -244,3 +269,30 @@ def test_encode_frames_writes_the_records_as_log_frames() -> None:
     frames = encode_frames(records)
     read = [decode_frame(frame)[0] for frame in frames]
     assert [(r.offset, r.timestamp, r.record_type, r.key, r.value) for r in read] == records
+
+
+def test_folding_updates_of_adversarial_shapes_costs_linear_work(monkeypatch) -> None:
+    """A hand-made log may hold a raw staircase in an update (the daemon writes combined
+    batches): the fold merges it with the daemon's replay, through the sweep, in linear
+    work, and gives Kafka's state."""
+    work: list[int] = []
+    real = protocol.batches.sweep
+
+    def counted(entries):  # type: ignore[no-untyped-def]
+        out, done = real(entries)
+        work.append(done)
+        return out, done
+
+    monkeypatch.setattr(protocol.batches, "sweep", counted)
+    for name, shape in sorted(SHAPES.items()):
+        batches = shape(3_000)
+        work.clear()
+        records = [
+            raw(0, snapshot(state_batches=[])),
+            raw(1, ShareUpdate(KEY, 0, 0, -1, batches, -1)),
+        ]
+        (folded,) = fold_records(records, tombstone_cutoff_ms=NO_CUTOFF).records
+        record = RecordDecoder().decode(folded[2], folded[3], folded[4])
+        assert isinstance(record, ShareSnapshot)
+        assert record.state_batches == combine_state_batches(batches, [], -1), name
+        assert work and max(work) <= 8 * len(batches) + 64, (name, work)

@@ -16,11 +16,12 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.functions import expr
 
 from persistence import StateLog, list_segments, partition_dir
 from persistence.history import HistoryIndex, read_declaration, read_exports
-from protocol.records import Record, ShareKey
+from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone
 from server.tools import log_dump
 from spark_jobs import audit, compact
 from spark_jobs.auditor import Auditor, replay_records
@@ -133,33 +134,38 @@ def dumped(data_dir: str) -> list[dict]:
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
-def as_dump(row: dict) -> dict:
-    """A data source row in `log dump --json`'s shape."""
-    fields = {
-        "partition": row["state_partition"],
-        "offset": row["log_offset"],
-        "timestamp": row["timestamp"],
-        "type": row["record_type"],
-        "key": {k: row[k] for k in ("group_id", "topic_id", "partition")},
-    }
-    if row["record_type"] != "ShareTombstone":
-        names = ["snapshot_epoch", "leader_epoch", "start_offset", "delivery_complete_count"]
-        if row["record_type"] == "ShareSnapshot":
-            names += ["state_epoch", "create_timestamp", "write_timestamp"]
-            names += ["fence_leader_epoch", "fence_state_epoch"]
-        fields.update({n: row[n] for n in names})
-        fields["state_batches"] = [dict(batch) for batch in row["batches"]]
-    return fields
+def source_frame(spark: SparkSession, data_dir: str, **options: str) -> DataFrame:
+    """The data source's rows, their timestamps in ms as `log dump --json` prints them."""
+    register(spark)
+    frame = spark.read.format("sharecoord").options(**options).load(data_dir)
+    return frame.withColumn("timestamp", expr("unix_millis(timestamp)"))
 
 
 def source_rows(spark: SparkSession, data_dir: str, **options: str) -> list[dict]:
-    register(spark)
-    frame = spark.read.format("sharecoord").options(**options).load(data_dir)
-    frame = frame.selectExpr("*", "unix_millis(timestamp) AS ms").drop("timestamp")
-    rows = [r.asDict(recursive=True) for r in frame.collect()]
-    for row in rows:
-        row["timestamp"] = row.pop("ms")
-    return sorted(map(as_dump, rows), key=lambda r: (r["partition"], r["offset"]))
+    rows = [r.asDict(recursive=True) for r in source_frame(spark, data_dir, **options).collect()]
+    return sorted(rows, key=lambda r: (r["state_partition"], r["log_offset"]))
+
+
+def test_the_data_source_has_the_columns_log_dump_json_prints_and_the_same_rows(
+    spark: SparkSession, data_dir: str
+) -> None:
+    """One layout, two transports: the columns are the keys of every line `log dump
+    --json` prints, in that order, for each record kind, and the values agree."""
+    victim, other = key("victim"), key("other")
+    no_fences = ShareSnapshot(other, 0, 2, 0, 0, 1, 1, [])  # null fence fields
+    records = [snap(victim, 1, 10, b(10, 12, AVAILABLE, 2)), upd(victim, 11)]
+    build(data_dir, [*records, no_fences, ShareTombstone(other)])
+    lines = dumped(data_dir)
+    assert {line["record_type"] for line in lines} == {
+        "ShareSnapshot",
+        "ShareUpdate",
+        "ShareTombstone",
+    }
+    columns = source_frame(spark, data_dir).columns
+    assert all(list(line) == columns for line in lines)
+    rows = source_rows(spark, data_dir)
+    assert [list(row) for row in rows] == [columns] * len(lines)
+    assert rows == sorted(lines, key=lambda r: (r["state_partition"], r["log_offset"]))
 
 
 def test_the_data_source_returns_what_log_dump_prints_before_and_after_compaction(
@@ -179,7 +185,7 @@ def test_the_data_source_returns_what_log_dump_prints_before_and_after_compactio
     # One task per state partition gives the same rows; so does a read of one partition.
     assert source_rows(spark, data_dir, partitioning="state_partition") == original
     only = source_rows(spark, data_dir, partitions="1")
-    assert only == [r for r in original if r["partition"] == 1]
+    assert only == [r for r in original if r["state_partition"] == 1]
     exports = read_exports(os.path.join(data_dir, "history"), 0)
     assert exports and all(e.records or not e.files for e in exports)
 

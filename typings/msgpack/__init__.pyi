@@ -7,6 +7,8 @@ class ExtType:
     data: bytes
 
 class UnpackException(Exception): ...
+class FormatError(ValueError, UnpackException): ...
+class StackError(ValueError, UnpackException): ...
 class ExtraData(ValueError):
     unpacked: Any
     extra: bytes
@@ -33,6 +35,7 @@ def unpackb(
     max_ext_len: int = ...,
     object_hook: Callable[[dict[Any, Any]], Any] | None = ...,
     list_hook: Callable[[list[Any]], Any] | None = ...,
+    unicode_errors: str | None = ...,
 ) -> Any: ...
 
 class Packer:

@@ -1,0 +1,163 @@
+"""One request cannot hold the daemon (issue #21).
+
+A write entry of 10,000 state batches in each adversarial shape of
+tests/protocol/batch_shapes.py (the staircase an adversarial review used held the event
+loop for 240 s and took 5 GiB) goes to a real daemon, while a prober sends a read-summary
+of another share group without pause and times each answer. Each write must be answered
+within a second, with exactly the state Kafka's walk gives; no read-summary may wait
+100 ms; the daemon's resident set may not grow by 100 MB over the whole run. The same for
+a request of 5,000 entries and for a 10,000-batch write over a 10,000-batch state.
+
+In `make test`: every shape at 2,000 batches, checked for the state only (no timing).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from protocol.batches import StateBatch, combine_state_batches
+from tests.protocol.batch_shapes import SHAPES, disjoint_over_stored, stored_alternating
+from tests.reliability.test_memory_bounded import rss_kib
+from tests.server.daemons import (
+    TOPIC,
+    Api,
+    batch,
+    body,
+    child_env,
+    init_entry,
+    metric_value,
+    write_entry,
+)
+
+GROUP = "bounded-work"
+PROBE_GROUP = "bystander"
+ANSWER_S = 1.0
+PROBE_WAIT_S = 0.100
+LAG = "sharecoord_event_loop_lag_seconds"
+
+
+async def loop_held(api: Api) -> tuple[float, float]:
+    """How many times the daemon's event loop was held past 100 ms, and in all."""
+    text = await api.metrics()
+    return (
+        metric_value(text, f"{LAG}_count") - metric_value(text, f"{LAG}_bucket", le="0.1"),
+        metric_value(text, f"{LAG}_count"),
+    )
+
+
+RSS_GROWTH_MIB = 100
+
+
+def as_json(batches: list[StateBatch]) -> list[dict[str, int]]:
+    return [
+        batch(b.first_offset, b.last_offset, b.delivery_state, b.delivery_count) for b in batches
+    ]
+
+
+def stored(state: dict[str, Any] | None) -> list[StateBatch]:
+    assert state is not None
+    return [StateBatch(**b) for b in state["state_batches"]]
+
+
+class Prober:
+    """tests/reliability/prober.py in a child process: read-summaries of another group,
+    one after the other, each timed on its own clock."""
+
+    def __init__(self, url: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.reliability.prober", url, PROBE_GROUP, TOPIC, "0"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=child_env(),
+        )
+        assert self.process.stdout is not None
+        assert self.process.stdout.readline().strip() == "probing"
+        self.waits: list[float] = []
+
+    def stop(self) -> None:
+        out, _ = self.process.communicate(timeout=120)
+        assert self.process.returncode == 0, out
+        self.waits = json.loads(out.strip().splitlines()[-1])
+
+
+async def timed_write(api: Api, request: dict[str, Any]) -> float:
+    started = time.perf_counter()
+    codes = await api.codes("write", request)
+    took = time.perf_counter() - started
+    assert set(codes) == {0}, codes
+    return took
+
+
+async def run_shapes(spawn: Any, tmp_path: Any, n: int, figures: Any | None) -> None:
+    daemon = await spawn(tmp_path / "data", "--partitions", "8")
+    shapes = sorted(SHAPES)
+    last = len(shapes)  # the key of the leader's long write over a long state
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url, "msgpack")
+        assert await api.codes("initialize", body(PROBE_GROUP, (TOPIC, [init_entry(0)]))) == [0]
+        inits = [init_entry(i) for i in range(last + 1)]
+        assert set(await api.codes("initialize", body(GROUP, (TOPIC, inits)))) == {0}
+        many = range(5_000)  # the entry limit
+        assert set(
+            await api.codes("initialize", body("many", (TOPIC, [init_entry(p) for p in many])))
+        ) == {0}
+        prober = await asyncio.to_thread(Prober, daemon.url)
+        rss_before = rss_kib(daemon.pid)
+        took: dict[str, float] = {}
+        try:
+            for i, name in enumerate(shapes):
+                batches = SHAPES[name](n)
+                entry = write_entry(i, *as_json(batches))
+                took[name] = await timed_write(api, body(GROUP, (TOPIC, [entry])))
+                assert stored(await api.state(GROUP, TOPIC, i)) == combine_state_batches(
+                    batches, [], -1
+                ), name
+            # A leader's long write over a long state: disjoint batches over disjoint ones.
+            state, over = stored_alternating(n), disjoint_over_stored(n)
+            await timed_write(api, body(GROUP, (TOPIC, [write_entry(last, *as_json(state))])))
+            entry = write_entry(last, *as_json(over))
+            took["over a long state"] = await timed_write(api, body(GROUP, (TOPIC, [entry])))
+            assert stored(await api.state(GROUP, TOPIC, last)) == combine_state_batches(
+                state, over, -1
+            )
+            entries = [write_entry(p, batch(p, p, 2, 1)) for p in many]
+            took["5,000 entries"] = await timed_write(api, body("many", (TOPIC, entries)))
+        finally:
+            await asyncio.to_thread(prober.stop)
+        grown_mib = (rss_kib(daemon.pid) - rss_before) / 1024
+        held_long, lag_samples = await loop_held(api)
+    slowest = max(took.values())
+    waits = sorted(prober.waits)
+    if figures is not None:
+        figures.set("shapes", len(shapes))
+        figures.set("batches per write", n)
+        figures.set("slowest write answer ms", round(slowest * 1000, 1))
+        figures.set("slowest write", max(took, key=took.__getitem__))
+        figures.set("read-summaries probed", len(waits))
+        figures.set("probe p99 ms", round(waits[int(len(waits) * 0.99) - 1] * 1000, 1))
+        figures.set("probe max ms", round(waits[-1] * 1000, 1))
+        figures.set("rss growth MiB", round(grown_mib, 1))
+        figures.set("loop lag samples", lag_samples)
+        figures.set("loop held over 100 ms", held_long)
+        assert slowest <= ANSWER_S, took
+        assert waits[-1] < PROBE_WAIT_S, waits[-10:]
+        assert held_long == 0
+        assert grown_mib < RSS_GROWTH_MIB, grown_mib
+
+
+async def test_every_shape_gives_kafkas_state_through_the_daemon(spawn, tmp_path):
+    await run_shapes(spawn, tmp_path, 2_000, None)
+
+
+@pytest.mark.slow
+async def test_no_write_holds_the_daemon(spawn, tmp_path, figures):
+    await run_shapes(spawn, tmp_path, 10_000, figures)
