@@ -157,7 +157,7 @@ def test_a_frame_whose_checksum_holds_in_a_segment_judged_strictly_is_named(
     for part in log.partitions:
         part.open()
     log.close()
-    write_through_journal(data_dir, rounds=1, per_round=2)
+    write_through_journal(data_dir, NUM_PARTITIONS, rounds=1, per_round=2)
     path = newest_segment(data_dir, 0)
     cut = frame_starts(path)[5]
     os.truncate(path, cut)
