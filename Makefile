@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 PYTEST_ARGS ?=
+SERVE_ARGS ?=
 
 # Two installs, a stamp each, both older than pyproject.toml once it changes: `make
 # serve` needs only the daemon's dependencies; the other targets also need the dev tools
@@ -31,7 +32,7 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 
 # The embedded default: data in ./data, 50 state partitions, 127.0.0.1:9095.
 serve: $(CORE_STAMP)
-	$(BIN)/sharecoord serve
+	$(BIN)/sharecoord serve $(SERVE_ARGS)
 
 # pytest exits 5 when it collected nothing; a suite that ran nothing is not green.
 test: $(DEV_STAMP)

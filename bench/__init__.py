@@ -1,1 +1,1 @@
-"""sharecoord's benchmark: `make bench` (python -m bench). See bench/README.md."""
+"""sharecoord's benchmark: `make bench` (python -m bench). README.md's Performance section says what it measures."""

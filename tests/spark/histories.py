@@ -3,7 +3,7 @@
 Two sources of records:
 
 * RPC histories: random Initialize / Read / Write / Delete (and cold snapshots) run
-  through ``server.shard.ShareCoordinatorShard`` exactly as the runtime runs them
+  through ``protocol.shard.ShareCoordinatorShard`` exactly as the runtime runs them
   (handle, append, replay), so the log is one the daemon could have written;
 * hand-made records: any sequence of snapshots, updates and tombstones with any epochs
   and fence fields, as a log migrated or written by another tool could hold.
