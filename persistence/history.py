@@ -59,7 +59,7 @@ MS_PER_DAY = 86_400_000
 
 
 class _Segment(Protocol):
-    """What the fingerprint is made of (persistence.SegmentState has it)."""
+    """What the fingerprint is made of (persistence.segments.SegmentState has it)."""
 
     @property
     def name(self) -> str: ...

@@ -10,14 +10,22 @@ its headings produces. The founders' input documents were never part of the repo
 so any reference to them by their old names is refused outright. Markdown links in the
 Markdown files are checked the same way (file, then anchor).
 
+Code is cited too: a dotted module name (``server.runtime``, ``protocol.shard.ShareKey``)
+or a path in the repository (``persistence/fileops.py``, ``tests/reliability/``) in the
+Markdown files and in the comments and strings of the Python files must name a module (and
+a name it defines) or a file or directory that exists.
+
 ``scan`` does the work on any tree; the first test runs it on the repository, the others
 on small made-up trees, so that the scanner is seen to fail where it should.
 """
 
 from __future__ import annotations
 
+import ast
+import io
 import re
 import subprocess
+import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +49,19 @@ SECTION_NUMBER = re.compile(r"(?:[0-9]+|[A-Z])(?:\.|(?:\.[0-9]+)+\.?)")
 HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
 POINT = re.compile(r"^[ \t]*([0-9]+)\.[ \t]")
 MD_LINK = re.compile(r"\[[^\]\n]*\]\((?P<target>[^)\s]+)\)")
+# The project's own packages, cited as modules or as paths.
+PACKAGES = ("protocol", "persistence", "server", "client", "spark_jobs", "bench", "tests")
+MODULE_REF = re.compile(
+    r"(?<![\w./\\-])(?P<dotted>(?:" + "|".join(PACKAGES) + r")(?:\.[A-Za-z_]\w*)+)"
+)
+PATH_REF = re.compile(
+    r"(?<![\w./\\-])(?P<path>(?:" + "|".join((*PACKAGES, r"\.ci")) + r")/[\w./-]*\w)"
+)
+# "server.crt", "client.key", "tests.py": file names, not modules.
+FILE_SUFFIXES = frozenset(
+    {"py", "md", "toml", "yaml", "yml", "json", "txt", "log", "html", "png", "crt", "key"}
+    | {"pem", "csr", "csv", "parquet", "tmp", "sock", "ini", "sh"}
+)
 
 
 @dataclass
@@ -110,6 +131,7 @@ def scan(root: Path, names: list[str]) -> list[str]:
     """Every dangling or forbidden reference in the files ``names`` (relative to ``root``),
     as ``file:line: reference: problem``."""
     documents: dict[Path, Document | None] = {}
+    modules = _Modules(root)
 
     def document(path: Path) -> Document | None:
         if path not in documents:
@@ -158,7 +180,108 @@ def scan(root: Path, names: list[str]) -> list[str]:
         if path.suffix == ".md":
             for match in MD_LINK.finditer(text):
                 problems.extend(_link_problem(root, path, match, where, document))
+        if path.suffix in (".md", ".py"):
+            for position, cited in _code_references(text, python=path.suffix == ".py"):
+                problem = _code_problem(root, cited, modules)
+                if problem:
+                    problems.append(f"{where(position)}: {cited}: {problem}")
     return problems
+
+
+def _prose(text: str, python: bool) -> list[tuple[int, str]]:
+    """The parts of a file that cite code in words: all of a Markdown file; the comments
+    and strings of a Python file (its code names variables, not modules), with offsets."""
+    if not python:
+        return [(0, text)]
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    parts = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.type in (tokenize.COMMENT, tokenize.STRING):
+                row, column = token.start
+                string = token.string
+                if (
+                    token.type == tokenize.STRING
+                    and "f" in string.split("'")[0].split('"')[0].lower()
+                ):
+                    # An f-string's fields are code: blank them, keeping the offsets.
+                    string = re.sub(r"\{[^{}]*\}", lambda m: " " * len(m.group(0)), string)
+                parts.append((starts[row - 1] + column, string))
+    except (tokenize.TokenError, SyntaxError):
+        return [(0, text)]
+    return parts
+
+
+def _code_references(text: str, python: bool) -> list[tuple[int, str]]:
+    found = []
+    for offset, part in _prose(text, python):
+        for match in MODULE_REF.finditer(part):
+            dotted = match.group("dotted")
+            if dotted.rsplit(".", 1)[1] not in FILE_SUFFIXES:
+                found.append((offset + match.start(), dotted))
+        for match in PATH_REF.finditer(part):
+            after = part[match.end() : match.end() + 2]
+            if after[:1] not in ("*", "{", "<") and after not in (".{", ".*", "-<", "_*"):
+                found.append((offset + match.start(), match.group("path")))  # not a pattern
+    return found
+
+
+class _Modules:
+    """What the tree's modules define, parsed once each."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._names: dict[Path, set[str]] = {}
+
+    def module(self, parts: list[str]) -> Path | None:
+        base = self.root.joinpath(*parts)
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+        return base if base.is_dir() else None
+
+    def names(self, path: Path) -> set[str]:
+        """Top-level names a module defines or imports, and every name defined or
+        assigned as an attribute anywhere in it (methods, fields, ``self.x``)."""
+        if path not in self._names:
+            found: set[str] = set()
+            if path.is_file():
+                for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                        found.add(node.name)
+                    elif isinstance(node, ast.Name | ast.arg):
+                        found.add(node.id if isinstance(node, ast.Name) else node.arg)
+                    elif isinstance(node, ast.Attribute):
+                        found.add(node.attr)
+                    elif isinstance(node, ast.alias):
+                        found.add((node.asname or node.name).split(".")[0])
+            else:  # a directory without __init__.py: its modules
+                found = {child.stem for child in path.iterdir()}
+            self._names[path] = found
+        return self._names[path]
+
+
+def _code_problem(root: Path, cited: str, modules: _Modules) -> str | None:
+    if "/" in cited:
+        if (root / cited).exists() or (root / f"{cited}.py").exists():
+            return None
+        return "no such file or directory"
+    parts = cited.split(".")
+    for length in range(len(parts), 0, -1):
+        module = modules.module(parts[:length])
+        if module is not None:
+            break
+    else:
+        return "no such module"
+    rest = parts[length:]
+    if not rest:
+        return None
+    if rest[0] not in modules.names(module):
+        name = ".".join(parts[:length])
+        return f"{name} has no module or name {rest[0]}"
+    return None
 
 
 def _link_problem(
@@ -201,12 +324,16 @@ def test_no_reference_to_documentation_dangles():
 OLD = "API" + ".md"
 
 
+def placeholders(text: str) -> str:
+    return text.replace("SRV", "server").replace("TST", "tests").replace("CLI.", "client.")
+
+
 def make_tree(root: Path, files: dict[str, str]) -> list[str]:
     for name, text in files.items():
-        path = root / name
+        path = root / placeholders(name)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text.replace("DOCS/", "docs/").replace("OLD_DOC", OLD))
-    return list(files)
+        path.write_text(placeholders(text).replace("DOCS/", "docs/").replace("OLD_DOC", OLD))
+    return [placeholders(name) for name in files]
 
 
 SEMANTICS = """\
@@ -248,7 +375,7 @@ def test_each_kind_of_dangling_reference_is_named_with_file_and_line(tmp_path):
         tmp_path,
         {
             "docs/semantics.md": SEMANTICS,
-            "server/code.py": (
+            "lib/code.py": (
                 "x = 1\n"
                 "# see DOCS/gone.md\n"
                 "# DOCS/semantics.md §9.9\n"
@@ -266,13 +393,13 @@ def test_each_kind_of_dangling_reference_is_named_with_file_and_line(tmp_path):
         "README.md:1: DOCS/semantics.md#nope: no such heading",
         "README.md:1: link DOCS/missing.md: no such file",
         "README.md:1: link DOCS/semantics.md#nope: no such heading",
-        f"server/code.py:7: {OLD}: an input document outside the repository; cite "
+        f"lib/code.py:7: {OLD}: an input document outside the repository; cite "
         "docs/api.md, docs/design.md or docs/semantics.md",
-        "server/code.py:2: DOCS/gone.md: no such file",
-        "server/code.py:3: DOCS/semantics.md §9.9: no section 9.9",
-        "server/code.py:4: DOCS/semantics.md §B: no section B",
-        "server/code.py:5: DOCS/semantics.md §A.1 point 7: section A.1 has no point 7",
-        "server/code.py:6: DOCS/semantics.md#no-such-heading: no such heading",
+        "lib/code.py:2: DOCS/gone.md: no such file",
+        "lib/code.py:3: DOCS/semantics.md §9.9: no section 9.9",
+        "lib/code.py:4: DOCS/semantics.md §B: no section B",
+        "lib/code.py:5: DOCS/semantics.md §A.1 point 7: section A.1 has no point 7",
+        "lib/code.py:6: DOCS/semantics.md#no-such-heading: no such heading",
     ]
     assert scan(tmp_path, names) == [line.replace("DOCS/", "docs/") for line in expected]
 
@@ -296,3 +423,39 @@ def test_slugs_follow_github():
     assert slug("No replication: what a lost node or disk means") == (
         "no-replication-what-a-lost-node-or-disk-means"
     )
+
+
+def test_modules_names_and_paths_cited_must_exist(tmp_path):
+    # SRV, TST and CLI stand for package names, so that this file cites nothing itself.
+    names = make_tree(
+        tmp_path,
+        {
+            "SRV/__init__.py": "",
+            "SRV/runtime.py": (
+                "from protocol.records import ShareKey\n"
+                "class PartitionRuntime:\n"
+                "    def execute(self):\n"
+                "        self.shard_writes = 1\n"
+            ),
+            "TST/fixtures/keep": "",
+            "README.md": (
+                "`SRV.runtime.PartitionRuntime.execute`, `SRV.runtime.ShareKey`,\n"
+                "SRV/runtime.py, TST/fixtures/ and SRV/*.py, SRV.crt\n"
+                "`SRV.gone`, `SRV.runtime.Missing`, SRV/gone.py\n"
+            ),
+            "SRV/code.py": (
+                "# SRV.runtime.shard_writes; SRV/runtime.py\n"
+                'x = f"{SRV.sockets[0]}"\n'
+                "CLI.close()  # code, not a citation\n"
+                '"""SRV.missing, and SRV/old.py"""\n'
+            ),
+        },
+    )
+    expected = [
+        "README.md:3: SRV.gone: SRV has no module or name gone",
+        "README.md:3: SRV.runtime.Missing: SRV.runtime has no module or name Missing",
+        "README.md:3: SRV/gone.py: no such file or directory",
+        "SRV/code.py:4: SRV.missing: SRV has no module or name missing",
+        "SRV/code.py:4: SRV/old.py: no such file or directory",
+    ]
+    assert scan(tmp_path, names) == [placeholders(line) for line in expected]
