@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 
 from bench import peers
 from bench.equal_work import Entry, Peer, PostgresPeer, RedisPeer, differences, sharecoord_states
-from bench.system import postgres_bin
+from bench.system import ensure_debian_packages, postgres_bin
 from bench.wire import pg_array, pg_parse_array
 from bench.workload import TOPIC_ID, group_name
 from protocol.batches import StateBatch, combine_state_batches
@@ -89,6 +90,10 @@ def servers() -> Iterator[tuple[int, int]]:
     """(PostgreSQL port, Redis port). Under a fresh directory of the system's temporary
     one rather than pytest's: run as root, PostgreSQL runs as its own user and must reach
     its data directory, which pytest's private base directory does not let it."""
+    try:  # what `make bench` installs, the same way
+        ensure_debian_packages({"redis-server": "redis-server", "postgres": "postgresql-15"})
+    except (OSError, subprocess.CalledProcessError) as exc:
+        pytest.fail(f"the equal-work peers need PostgreSQL 15 and Redis 7; install failed: {exc}")
     missing = [
         name
         for name, path in (("postgres", postgres_bin("postgres")), ("redis", "redis-server"))
