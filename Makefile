@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 CORE_STAMP := $(VENV)/.installed-core
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: venv serve test lint openapi docs bench reliability clean
+.PHONY: venv serve test lint openapi bench reliability clean
 
 venv: $(DEV_STAMP)
 
@@ -50,17 +50,6 @@ openapi: $(DEV_STAMP)
 	$(BIN)/python -m server.openapi > openapi.yaml.tmp || { rm -f openapi.yaml.tmp; exit 1; }
 	mv openapi.yaml.tmp openapi.yaml
 
-# The settings tables of the Markdown files (between <!-- settings:NAME:begin --> and
-# <!-- settings:NAME:end -->) are generated from the declarations in server/config/; a
-# test fails while one is stale. Each file is written aside first, like openapi.yaml.
-SETTINGS_DOCS = $(shell grep -l -- '<!-- settings:.*:begin -->' README.md docs/*.md)
-
-docs: $(CORE_STAMP)
-	@for doc in $(SETTINGS_DOCS); do \
-		$(BIN)/python -m server.config $$doc > $$doc.tmp || { rm -f $$doc.tmp; exit 1; }; \
-		mv $$doc.tmp $$doc; echo "regenerated the settings tables of $$doc"; \
-	done
-
 bench: $(DEV_STAMP)
 	$(BIN)/python -m bench
 
@@ -69,3 +58,15 @@ reliability: $(DEV_STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The settings tables of the Markdown files (between <!-- settings:NAME:begin --> and
+# <!-- settings:NAME:end -->) are generated from the declarations in server/config/; a
+# test fails while one is stale. Each file is written aside first, like openapi.yaml.
+SETTINGS_DOCS = $(shell grep -l -- '<!-- settings:.*:begin -->' README.md docs/*.md)
+
+.PHONY: docs
+docs: $(CORE_STAMP)
+	@for doc in $(SETTINGS_DOCS); do \
+		$(BIN)/python -m server.config $$doc > $$doc.tmp || { rm -f $$doc.tmp; exit 1; }; \
+		mv $$doc.tmp $$doc; echo "regenerated the settings tables of $$doc"; \
+	done
