@@ -5,9 +5,10 @@ cluster map.
 
 Names follow Kafka's where Kafka has the same setting
 (``share.coordinator.snapshot.update.records.per.snapshot`` →
-``snapshot_update_records_per_snapshot``). A new setting is one field here; `make docs`
-then writes it into docs/operations.md#settings (and docs/semantics.md §11 when it has
-a Kafka counterpart).
+``snapshot_update_records_per_snapshot``). A new setting is one field here: its flag,
+environment variable and file key follow from the name, and ``make docs`` writes it into
+docs/operations.md#settings, the synopsis of docs/api.md#cli and, with a Kafka
+counterpart, docs/semantics.md §11.
 """
 
 from __future__ import annotations
