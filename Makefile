@@ -59,3 +59,15 @@ reliability: $(DEV_STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+
+# The settings tables of the Markdown files (between <!-- settings:NAME:begin --> and
+# <!-- settings:NAME:end -->) are generated from the declarations in server/config/; a
+# test fails while one is stale. Each file is written aside first, like openapi.yaml.
+SETTINGS_DOCS = $(shell grep -l -- '<!-- settings:.*:begin -->' README.md docs/*.md)
+
+.PHONY: docs
+docs: $(CORE_STAMP)
+	@for doc in $(SETTINGS_DOCS); do \
+		$(BIN)/python -m server.config $$doc > $$doc.tmp || { rm -f $$doc.tmp; exit 1; }; \
+		mv $$doc.tmp $$doc; echo "regenerated the settings tables of $$doc"; \
+	done
