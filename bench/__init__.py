@@ -1,1 +1,2 @@
-"""sharecoord's benchmark: `make bench` (python -m bench). README.md's Performance section says what it measures."""
+"""sharecoord's benchmark: `make bench` (python -m bench). README.md's Performance
+section says what it measures."""
