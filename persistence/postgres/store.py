@@ -1,0 +1,596 @@
+"""The PostgreSQL state store: the seam of persistence/store.py over the tables of
+schema.py, through psycopg 3 (docs/design.md#the-postgresql-store says why that driver).
+
+A commit cycle is one transaction, on the commit thread's own connection:
+
+  1. lock the leaders rows of the cycle's partitions FOR SHARE and compare each epoch
+     (and node) with the one this store holds for it: a partition whose epoch moved is
+     left out, and its batch fails with NotLeaderError (this node no longer leads it);
+     a claim (leases.py) waits for the lock, so it lands before or after the whole
+     commit, never inside it;
+  2. COPY the other batches' records (binary);
+  3. upsert sharecoord_keys for the keys the cycle gave a snapshot, or wrote first;
+  4. COMMIT. Any error of the driver or the server fails every batch of the cycle
+     (StoreUnavailableError, one line): the partitions stop, and their reset asks the
+     server what is durable. A connection lost during COMMIT leaves the outcome unknown
+     to the store; the reset learns it (the records are there or not), but the
+     answers already given said 15.
+The connection is dropped after any error, and the next cycle connects again: with a
+multi-host URI, to whichever host accepts writes then.
+
+Replay reads, for each key of the partition, its records from its last snapshot on
+(sharecoord_keys.since), in offset order, in one REPEATABLE READ transaction together
+with the partition's end offset. Everything else (read, prune, the leases) takes a
+pooled connection.
+
+A partition takes appends only with an epoch this store holds for it (``lead``, after
+a claim): ``open`` and ``reset_to_durable`` check it against the leaders table and
+raise NotLeaderError when it is not this node's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from persistence.errors import LogError, NotLeaderError, PartitionFailedError
+from persistence.frame import LogRecord
+from persistence.postgres import leases
+from persistence.postgres.connection import (
+    Pool,
+    check_uri,
+    connect,
+    is_usable,
+    masked,
+    unavailable,
+)
+from persistence.postgres.schema import Tables, prepare
+from persistence.segments import SegmentInfo, SegmentState
+from persistence.store import CycleResult
+from persistence.swap import CommitOutcome
+from protocol.records import SNAPSHOT_RECORD_TYPE
+
+if TYPE_CHECKING:
+    from persistence.store import StateStore
+
+_log = logging.getLogger("sharecoord.log")
+
+# Rows a replay or a read fetches from the server at a time.
+FETCH_ROWS = 5000
+# Bytes a record takes besides its key and value (for size_bytes, roughly).
+ROW_OVERHEAD = 30
+
+# state_partition, offset, record_type, key, value, timestamp: a record's row
+Row = tuple[int, int, int, bytes, bytes | None, int]
+_COPY_TYPES = ["int4", "int8", "int2", "bytea", "bytea", "int8"]
+
+
+@dataclass(frozen=True)
+class RowBatch:
+    """Appends taken for one commit: the rows of offsets [first_offset, end_offset)."""
+
+    generation: int
+    first_offset: int
+    rows: list[Row]
+
+    @property
+    def end_offset(self) -> int:
+        return self.first_offset + len(self.rows)
+
+
+class PostgresPartition:
+    """One state partition in the PostgreSQL store (persistence/store.py's
+    PartitionStore)."""
+
+    def __init__(self, store: PostgresStore, partition: int) -> None:
+        self._store = store
+        self.partition = partition
+        self._lock = threading.Lock()
+        self._opened = False
+        self._failure: BaseException | None = None
+        self._generation = 0
+        self._pending: list[Row] = []
+        self._log_start_offset = 0
+        self._log_end_offset = 0
+        self._durable_end_offset = 0
+        self._size_bytes = 0
+        # Keys whose sharecoord_keys row is surely there: a cycle upserts only the others
+        # and those it gives a snapshot.
+        self._known_keys: set[bytes] = set()
+
+    def __repr__(self) -> str:
+        return f"PostgresPartition({self.partition}, {self._store!r})"
+
+    # -- state -----------------------------------------------------------------------
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._log_end_offset
+
+    @property
+    def durable_end_offset(self) -> int:
+        return self._durable_end_offset
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self._pending)
+
+    @property
+    def is_open(self) -> bool:
+        return self._opened
+
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    @property
+    def partition_dir(self) -> str | None:
+        return None
+
+    @property
+    def segments(self) -> list[SegmentInfo]:
+        return []
+
+    @property
+    def size_bytes(self) -> int:
+        """The keys and values of the records replayed at open and appended since,
+        less what pruning deleted: a lower bound of what the partition takes."""
+        return self._size_bytes
+
+    # -- opening and replay ------------------------------------------------------------
+
+    def open(self, on_record: Callable[[LogRecord], None] | None = None) -> None:
+        with self._lock:
+            if self._opened:
+                raise LogError(f"{self!r} is already open")
+            self._load(on_record)
+
+    def reset_to_durable(self) -> None:
+        """Drop what is not durable, and take appends again from what the server has."""
+        with self._lock:
+            self._generation += 1
+            self._pending = []
+            self._opened = False
+            if self._failure is None:
+                self._failure = LogError("reset in progress")
+            self._load(None)
+
+    def _load(self, on_record: Callable[[LogRecord], None] | None) -> None:
+        store = self._store
+        epoch = store.held_epoch(self.partition)
+        with store.snapshot(f"loading state partition {self.partition}") as conn:
+            store.check_leader(conn, self.partition, epoch)
+            start, end = store.offsets(conn, self.partition)
+            known: set[bytes] = set()
+            size = 0
+            for record in store.replay_rows(conn, self.partition):
+                known.add(record.key)
+                size += ROW_OVERHEAD + len(record.key) + len(record.value or b"")
+                if on_record is not None:
+                    on_record(record)
+        self._log_start_offset, self._log_end_offset = start, end
+        self._durable_end_offset = end
+        self._known_keys = known
+        self._size_bytes = size
+        self._failure = None
+        self._opened = True
+
+    def replay(self, on_record: Callable[[LogRecord], None]) -> None:
+        with self._store.snapshot(f"replaying state partition {self.partition}") as conn:
+            for record in self._store.replay_rows(conn, self.partition):
+                if record.offset < self._durable_end_offset:
+                    on_record(record)
+
+    def read_recovered(self, on_record: Callable[[LogRecord], None]) -> None:
+        """What the next open or reset will leave: what the server has (nothing here
+        is repaired by a reset)."""
+        with self._store.snapshot(f"reading state partition {self.partition}") as conn:
+            for record in self._store.replay_rows(conn, self.partition):
+                on_record(record)
+
+    def read(self, from_offset: int = 0) -> Iterator[LogRecord]:
+        end = self._durable_end_offset if self._opened else None
+        yield from self._store.read_rows(self.partition, from_offset, end)
+
+    # -- appending ---------------------------------------------------------------------
+
+    def append(self, record_type: int, key: bytes, value: bytes | None, timestamp: int) -> int:
+        if self._failure is not None:
+            raise PartitionFailedError(self.partition, self._failure)
+        if not self._opened:
+            raise LogError(f"{self!r} is not open for appends")
+        offset = self._log_end_offset
+        self._pending.append((self.partition, offset, record_type, key, value, timestamp))
+        self._log_end_offset = offset + 1
+        return offset
+
+    def take_pending(self) -> RowBatch | None:
+        if self._failure is not None:
+            raise PartitionFailedError(self.partition, self._failure)
+        rows = self._pending
+        if not rows:
+            return None
+        self._pending = []
+        return RowBatch(self._generation, self._log_end_offset - len(rows), rows)
+
+    def fail(self, cause: BaseException) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = cause
+
+    def key_starts(self, batch: RowBatch) -> dict[bytes, tuple[int, bool]]:
+        """The sharecoord_keys rows this batch changes: each key's last snapshot in it,
+        or its first record when the key is new."""
+        starts: dict[bytes, tuple[int, bool]] = {}
+        known = self._known_keys
+        for _, offset, record_type, key, _, _ in batch.rows:
+            if record_type == SNAPSHOT_RECORD_TYPE:
+                starts[key] = (offset, True)
+            elif key not in known and key not in starts:
+                starts[key] = (offset, False)
+        return starts
+
+    def committed(self, batch: RowBatch) -> None:
+        """The commit thread, once the batch's transaction committed."""
+        self._known_keys.update(row[3] for row in batch.rows)
+        self._size_bytes += sum(ROW_OVERHEAD + len(r[3]) + len(r[4] or b"") for r in batch.rows)
+        self._durable_end_offset = batch.end_offset
+
+    # -- pruning and compaction --------------------------------------------------------
+
+    def prune(
+        self, below_offset: int, may_delete: Callable[[SegmentState], bool] | None = None
+    ) -> list[str]:
+        """Delete every record below `below_offset` (and the keys rows none of whose
+        records remain). The store keeps no history yet: `may_delete` must be None."""
+        if may_delete is not None:
+            raise LogError("a PostgreSQL store keeps no history yet: nothing is exported")
+        if not self._opened:
+            raise LogError(f"{self!r} is not open")
+        below = min(below_offset, self._durable_end_offset)
+        deleted, size = self._store.delete_below(self.partition, below)
+        if deleted:
+            self._log_start_offset = max(self._log_start_offset, below)
+            self._size_bytes = max(0, self._size_bytes - size)
+            _log.info(
+                "state partition %d: pruned %d records below offset %d",
+                self.partition,
+                deleted,
+                below,
+            )
+            return [f"{deleted} records below offset {below}"]
+        return []
+
+    def pending_compactions(self) -> list[int]:
+        return []  # the Spark jobs over this store are still to come
+
+    def commit_staged(self, base: int) -> CommitOutcome:
+        raise LogError("compaction over a PostgreSQL store is not supported yet")
+
+    def close(self) -> None:
+        with self._lock:
+            self._opened = False
+            self._pending = []
+
+
+class PostgresStore:
+    """Every state partition in one PostgreSQL schema (persistence/store.py's
+    StateStore), for node `node_id`."""
+
+    def __init__(self, uri: str, num_partitions: int, node_id: int, tables: Tables) -> None:
+        self.uri = uri
+        self._num_partitions = num_partitions
+        self.node_id = node_id
+        self.tables = tables
+        self.pool = Pool(uri)
+        self._partitions = [PostgresPartition(self, p) for p in range(num_partitions)]
+        self._epochs: dict[int, int] = {}
+        self._commit_conn: psycopg.Connection[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({masked(self.uri)}, schema {self.tables.schema})"
+
+    @classmethod
+    def open(
+        cls, uri: str, num_partitions: int, node_id: int, *, schema: str = "public"
+    ) -> PostgresStore:
+        """Connect, and create or upgrade the tables (schema.py). Raises LogError in one
+        line for a bad URI or schema name, StoreUnavailableError when the server
+        cannot be reached, MetaMismatchError for another number of partitions."""
+        if num_partitions < 1:
+            raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+        check_uri(uri)
+        store = cls(uri, num_partitions, node_id, Tables(schema))
+        try:
+            with store.pool.connection("creating the tables") as conn:
+                prepare(conn, store.tables, num_partitions)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    @property
+    def num_partitions(self) -> int:
+        return self._num_partitions
+
+    def partition(self, partition: int) -> PostgresPartition:
+        if not 0 <= partition < self._num_partitions:
+            raise IndexError(f"state partition {partition} not in [0, {self._num_partitions})")
+        return self._partitions[partition]
+
+    @property
+    def partitions(self) -> list[PostgresPartition]:
+        return list(self._partitions)
+
+    # -- leadership --------------------------------------------------------------------
+
+    def lead(self, partition: int, epoch: int) -> None:
+        """This node leads `partition` under `epoch` (a claim returned it): its commits
+        carry that epoch from now on."""
+        self._epochs[partition] = epoch
+
+    def held_epoch(self, partition: int) -> int | None:
+        return self._epochs.get(partition)
+
+    def check_leader(
+        self, conn: psycopg.Connection[Any], partition: int, epoch: int | None
+    ) -> None:
+        row = conn.execute(
+            self.tables.sql("SELECT node_id, epoch FROM {leaders} WHERE state_partition = %s"),
+            (partition,),
+        ).fetchone()
+        if row is None or epoch is None or row[0] != self.node_id or row[1] != epoch:
+            found = "no row" if row is None else f"node {row[0]}, epoch {row[1]}"
+            raise NotLeaderError(partition, epoch, found)
+
+    @contextlib.contextmanager
+    def connection(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection (autocommit) for the lease statements (leases.py)."""
+        with self.pool.connection(doing) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def transaction(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in a transaction for the block."""
+        with self.pool.connection(doing) as conn, conn.transaction():
+            yield conn
+
+    @contextlib.contextmanager
+    def snapshot(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in a REPEATABLE READ transaction: every statement of the
+        block sees the same state."""
+        with self.transaction(doing) as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            yield conn
+
+    def claim(self, partition: int, lease_ms: int) -> int | None:
+        """leases.claim for this node, and lead with the epoch it got."""
+        with self.connection(f"claiming state partition {partition}") as conn:
+            epoch = leases.claim(conn, self.tables, partition, self.node_id, lease_ms)
+        if epoch is not None:
+            self.lead(partition, epoch)
+        return epoch
+
+    # -- the commit cycle --------------------------------------------------------------
+
+    def commit_cycle(self, batches: Sequence[tuple[int, RowBatch]]) -> CycleResult:
+        parts = [self._partitions[p] for p, _ in batches]
+        errors: list[BaseException | None] = [None] * len(batches)
+        live: list[int] = []  # indexes of the batches to write
+        for index, (part, (_, batch)) in enumerate(zip(parts, batches, strict=True)):
+            if batch.generation != part.generation:
+                errors[index] = LogError(f"{part!r}: batch taken before a reset")
+            else:
+                live.append(index)
+        started = time.perf_counter()
+        try:
+            fenced = self._commit(batches, live, parts)
+        except BaseException as exc:
+            shared = unavailable(exc, self.uri, "commit") if isinstance(exc, psycopg.Error) else exc
+            self._drop_commit_connection()
+            for part in parts:
+                part.fail(shared)
+            return CycleResult([shared] * len(batches), shared, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        for index in live:
+            part, (_, batch) = parts[index], batches[index]
+            if index in fenced:
+                errors[index] = fenced[index]
+                part.fail(fenced[index])
+            else:
+                part.committed(batch)
+        return CycleResult(errors, None, seconds)
+
+    def _commit(
+        self,
+        batches: Sequence[tuple[int, RowBatch]],
+        live: list[int],
+        parts: list[PostgresPartition],
+    ) -> dict[int, NotLeaderError]:
+        """One transaction (the module docstring); the fenced batches, by index."""
+        if not live:
+            return {}
+        conn = self._commit_connection()
+        tables = self.tables
+        fenced: dict[int, NotLeaderError] = {}
+        with conn.transaction():
+            rows = conn.execute(
+                tables.sql(
+                    "SELECT state_partition, node_id, epoch FROM {leaders} "
+                    "WHERE state_partition = ANY(%s) ORDER BY state_partition FOR SHARE"
+                ),
+                ([batches[i][0] for i in live],),
+            ).fetchall()
+            found = {int(p): (node, int(epoch)) for p, node, epoch in rows}
+            for index in live:
+                partition = batches[index][0]
+                held = self._epochs.get(partition)
+                now = found.get(partition)
+                if held is None or now != (self.node_id, held):
+                    said = "no row" if now is None else f"node {now[0]}, epoch {now[1]}"
+                    fenced[index] = NotLeaderError(partition, held, said)
+            writing = [i for i in live if i not in fenced]
+            if not writing:
+                return fenced
+            with conn.cursor() as cur:
+                copy_sql = tables.sql(
+                    'COPY {records} (state_partition, "offset", record_type, key, value, '
+                    '"timestamp") FROM STDIN (FORMAT BINARY)'
+                )
+                with cur.copy(copy_sql) as copy:
+                    copy.set_types(_COPY_TYPES)
+                    for index in writing:
+                        for row in batches[index][1].rows:
+                            copy.write_row(row)
+            keys: list[tuple[int, bytes, int, bool]] = []
+            for index in writing:
+                partition, batch = batches[index]
+                starts = parts[index].key_starts(batch)
+                keys += [(partition, key, since, snap) for key, (since, snap) in starts.items()]
+            if keys:
+                conn.execute(
+                    tables.sql(
+                        """INSERT INTO {keys} (state_partition, key, since, snapshot)
+                           SELECT * FROM unnest(%s::integer[], %s::bytea[], %s::bigint[],
+                                                %s::boolean[])
+                           ON CONFLICT (state_partition, key) DO UPDATE
+                           SET since = excluded.since, snapshot = true
+                           WHERE excluded.snapshot"""
+                    ),
+                    [list(column) for column in zip(*keys, strict=True)],
+                )
+        return fenced
+
+    def _commit_connection(self) -> psycopg.Connection[Any]:
+        conn = self._commit_conn
+        if conn is None or not is_usable(conn):
+            self._drop_commit_connection()
+            conn = self._commit_conn = connect(self.uri)
+        return conn
+
+    def _drop_commit_connection(self) -> None:
+        conn, self._commit_conn = self._commit_conn, None
+        if conn is not None:
+            conn.close()
+
+    # -- reading and pruning -----------------------------------------------------------
+
+    def offsets(self, conn: psycopg.Connection[Any], partition: int) -> tuple[int, int]:
+        """(log start, log end) of a partition: its lowest offset and one past its
+        highest, (0, 0) with no records."""
+        row = conn.execute(
+            self.tables.sql(
+                'SELECT min("offset"), max("offset") FROM {records} WHERE state_partition = %s'
+            ),
+            (partition,),
+        ).fetchone()
+        if row is None or row[0] is None:
+            return 0, 0
+        return int(row[0]), int(row[1]) + 1
+
+    def replay_rows(self, conn: psycopg.Connection[Any], partition: int) -> Iterator[LogRecord]:
+        """Each key's records from its last snapshot on, in offset order (inside a
+        transaction of the caller's)."""
+        with conn.cursor(name=f"replay_{partition}") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(
+                self.tables.sql(
+                    """SELECT r."offset", r."timestamp", r.record_type, r.key, r.value
+                       FROM {keys} k JOIN {records} r
+                         ON r.state_partition = k.state_partition AND r.key = k.key
+                        AND r."offset" >= k.since
+                       WHERE k.state_partition = %s
+                       ORDER BY r."offset\""""
+                ),
+                (partition,),
+            )
+            for offset, timestamp, record_type, key, value in cur:
+                yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
+
+    def read_rows(self, partition: int, from_offset: int, end: int | None) -> Iterator[LogRecord]:
+        """Every record of `partition` at or above `from_offset` (below `end`)."""
+        with (
+            self.snapshot(f"reading state partition {partition}") as conn,
+            conn.cursor(name=f"read_{partition}") as cur,
+        ):
+            cur.itersize = FETCH_ROWS
+            cur.execute(
+                self.tables.sql(
+                    """SELECT "offset", "timestamp", record_type, key, value FROM {records}
+                           WHERE state_partition = %s AND "offset" >= %s
+                             AND "offset" < coalesce(%s, 9223372036854775807)
+                           ORDER BY "offset\""""
+                ),
+                (partition, from_offset, end),
+            )
+            for offset, timestamp, record_type, key, value in cur:
+                yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
+
+    def delete_below(self, partition: int, below: int) -> tuple[int, int]:
+        """Delete the records of `partition` below `below`, and the keys rows left
+        without records: (records deleted, their keys' and values' bytes)."""
+        with self.transaction(f"pruning state partition {partition}") as conn:
+            row = conn.execute(
+                self.tables.sql(
+                    """WITH gone AS (
+                               DELETE FROM {records}
+                               WHERE state_partition = %(p)s AND "offset" < %(below)s
+                               RETURNING octet_length(key) + coalesce(octet_length(value), 0)
+                                   AS size)
+                           SELECT count(*), coalesce(sum(size), 0) FROM gone"""
+                ),
+                {"p": partition, "below": below},
+            ).fetchone()
+            assert row is not None
+            deleted, size = int(row[0]), int(row[1])
+            if deleted:
+                conn.execute(
+                    self.tables.sql(
+                        """DELETE FROM {keys} k
+                               WHERE k.state_partition = %(p)s AND k.since < %(below)s
+                                 AND NOT EXISTS (
+                                   SELECT 1 FROM {records} r
+                                   WHERE r.state_partition = k.state_partition
+                                     AND r.key = k.key)"""
+                    ),
+                    {"p": partition, "below": below},
+                )
+        return deleted, size + ROW_OVERHEAD * deleted
+
+    def close(self) -> None:
+        for part in self._partitions:
+            part.close()
+        self._drop_commit_connection()
+        self.pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_seam(store: PostgresStore) -> StateStore[RowBatch]:
+        """mypy's check that this is a state store (persistence/store.py)."""
+        return store
