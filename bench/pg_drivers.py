@@ -56,13 +56,13 @@ class Timings:
         p99 = ms[min(len(ms) - 1, int(len(ms) * 0.99))]
         rate = self.records / sum(self.seconds)
         return (
-            f"| {driver} | {batch} | {statistics.median(ms):.2f} ms | {p99:.2f} ms | "
-            f"{rate:,.0f} |"
+            f"| {driver} | {batch} | {statistics.median(ms):.2f} ms | {p99:.2f} ms | {rate:,.0f} |"
         )
 
 
-async def asyncpg_round(conn: Any, partition: int, batch: int, seconds: float, t: Timings,
-                        offset: list[int]) -> None:
+async def asyncpg_round(
+    conn: Any, partition: int, batch: int, seconds: float, t: Timings, offset: list[int]
+) -> None:
     deadline = time.perf_counter() + seconds
     while time.perf_counter() < deadline:
         records = rows(partition, offset[0], batch)
@@ -75,12 +75,20 @@ async def asyncpg_round(conn: Any, partition: int, batch: int, seconds: float, t
         offset[0] += batch
 
 
-def psycopg_round(conn: psycopg.Connection[Any], partition: int, batch: int, seconds: float,
-                  t: Timings, offset: list[int]) -> None:
+def psycopg_round(
+    conn: psycopg.Connection[Any],
+    partition: int,
+    batch: int,
+    seconds: float,
+    t: Timings,
+    offset: list[int],
+) -> None:
     deadline = time.perf_counter() + seconds
     lock = LOCK.replace("$1", "%s")
-    copy_sql = "COPY records (state_partition, \"offset\", record_type, key, value, " \
-        "\"timestamp\") FROM STDIN (FORMAT BINARY)"
+    copy_sql = (
+        'COPY records (state_partition, "offset", record_type, key, value, '
+        '"timestamp") FROM STDIN (FORMAT BINARY)'
+    )
     while time.perf_counter() < deadline:
         records = rows(partition, offset[0], batch)
         started = time.perf_counter()
@@ -104,10 +112,10 @@ async def throughput(primary: PostgresServer, seconds: float) -> list[str]:
         for batch in BATCHES:
             timings = {"asyncpg": Timings(), "psycopg": Timings()}
             for _ in range(ROUNDS):
-                await asyncpg_round(apg, 1, batch, seconds, timings["asyncpg"],
-                                    offsets["asyncpg"])
-                await asyncio.to_thread(psycopg_round, pg, 2, batch, seconds,
-                                        timings["psycopg"], offsets["psycopg"])
+                await asyncpg_round(apg, 1, batch, seconds, timings["asyncpg"], offsets["asyncpg"])
+                await asyncio.to_thread(
+                    psycopg_round, pg, 2, batch, seconds, timings["psycopg"], offsets["psycopg"]
+                )
             lines += [timings[d].row(d, batch) for d in ("asyncpg", "psycopg")]
     finally:
         await apg.close()
@@ -173,9 +181,11 @@ async def main() -> None:
         servers.append(primary.standby(synchronous=True))
         for statement in SCHEMA.strip().split(";\n"):
             primary.execute(statement)
-        print(f"asyncpg {asyncpg.__version__}, psycopg {psycopg.__version__} "
-              f"({psycopg.pq.__impl__}, libpq {psycopg.pq.version()}), "
-              f"PostgreSQL {primary.execute('SHOW server_version')}, synchronous standby")
+        print(
+            f"asyncpg {asyncpg.__version__}, psycopg {psycopg.__version__} "
+            f"({psycopg.pq.__impl__}, libpq {psycopg.pq.version()}), "
+            f"PostgreSQL {primary.execute('SHOW server_version')}, synchronous standby"
+        )
         print("| driver | records per transaction | commit p50 | commit p99 | records/s |")
         print("| --- | ---: | ---: | ---: | ---: |")
         for line in await throughput(primary, args.seconds):

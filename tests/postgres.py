@@ -103,8 +103,18 @@ class PostgresServer:
     @classmethod
     def primary(cls, root: str, name: str = "primary") -> PostgresServer:
         server = cls(find_bin_dir(), root, name, free_port())
-        server._run("initdb", "-D", server.data_dir, "-U", SERVER_USER, "--auth=trust",
-                    "--no-sync", "-E", "UTF8", "--locale=C")
+        server._run(
+            "initdb",
+            "-D",
+            server.data_dir,
+            "-U",
+            SERVER_USER,
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+            "--locale=C",
+        )
         server._configure()
         server.start()
         return server
@@ -113,9 +123,22 @@ class PostgresServer:
         """A streaming standby of this (running) primary, started; with `synchronous`,
         the primary waits for it at every commit from now on."""
         standby = PostgresServer(self.bin_dir, self.root, name, free_port())
-        standby._run("pg_basebackup", "-D", standby.data_dir, "-h", "127.0.0.1",
-                     "-p", str(self.port), "-U", SERVER_USER, "-X", "stream", "-R",
-                     "--checkpoint=fast", "--no-sync")
+        standby._run(
+            "pg_basebackup",
+            "-D",
+            standby.data_dir,
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            SERVER_USER,
+            "-X",
+            "stream",
+            "-R",
+            "--checkpoint=fast",
+            "--no-sync",
+        )
         standby._configure()
         standby.start()
         if synchronous:
@@ -145,14 +168,24 @@ class PostgresServer:
 
     def start(self) -> None:
         try:
-            self._run("pg_ctl", "start", "-D", self.data_dir, "-l", self.log_path, "-w",
-                      "-t", str(START_TIMEOUT_S))
+            self._run(
+                "pg_ctl",
+                "start",
+                "-D",
+                self.data_dir,
+                "-l",
+                self.log_path,
+                "-w",
+                "-t",
+                str(START_TIMEOUT_S),
+            )
         except subprocess.CalledProcessError as exc:
             raise RuntimeError(f"{self!r} did not start:\n{self.log_text()}") from exc
 
     def stop(self, mode: str = "fast") -> None:
-        self._run("pg_ctl", "stop", "-D", self.data_dir, "-m", mode, "-w",
-                  "-t", str(START_TIMEOUT_S))
+        self._run(
+            "pg_ctl", "stop", "-D", self.data_dir, "-m", mode, "-w", "-t", str(START_TIMEOUT_S)
+        )
 
     def promote(self) -> float:
         """End a standby's recovery; returns how long pg_ctl promote -w took."""
@@ -211,9 +244,22 @@ class PostgresServer:
     def execute(self, sql: str) -> str:
         """Run one statement with psql; its output, unaligned, without headers."""
         result = subprocess.run(
-            [os.path.join(self.bin_dir, "psql"), "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-             "-d", self.uri(), "-c", sql],
-            capture_output=True, text=True, timeout=QUERY_TIMEOUT_S, check=False,
+            [
+                os.path.join(self.bin_dir, "psql"),
+                "-X",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-d",
+                self.uri(),
+                "-c",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=QUERY_TIMEOUT_S,
+            check=False,
         )
         if result.returncode != 0:
             raise RuntimeError(f"{self!r}: {sql!r} failed: {result.stderr.strip()}")
@@ -235,7 +281,10 @@ class PostgresServer:
     def _run(self, program: str, *args: str) -> None:
         subprocess.run(
             [*_as_server_user(), os.path.join(self.bin_dir, program), *args],
-            check=True, capture_output=True, text=True, timeout=START_TIMEOUT_S * 2,
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT_S * 2,
             cwd=self.root,
         )
 

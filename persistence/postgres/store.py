@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
+from psycopg import sql
 
 from persistence.errors import LogError, NotLeaderError, PartitionFailedError
 from persistence.frame import LogRecord
@@ -508,17 +509,7 @@ class PostgresStore:
         transaction of the caller's)."""
         with conn.cursor(name=f"replay_{partition}") as cur:
             cur.itersize = FETCH_ROWS
-            cur.execute(
-                self.tables.sql(
-                    """SELECT r."offset", r."timestamp", r.record_type, r.key, r.value
-                       FROM {keys} k JOIN {records} r
-                         ON r.state_partition = k.state_partition AND r.key = k.key
-                        AND r."offset" >= k.since
-                       WHERE k.state_partition = %s
-                       ORDER BY r."offset\""""
-                ),
-                (partition,),
-            )
+            cur.execute(replay_sql(self.tables), (partition,))
             for offset, timestamp, record_type, key, value in cur:
                 yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
 
@@ -583,6 +574,24 @@ class PostgresStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def replay_sql(tables: Tables) -> sql.Composed:
+    """A partition's records from each key's last snapshot on, in offset order: for each
+    key of sharecoord_keys, one range of the (state_partition, key, offset) index. The
+    OFFSET 0 keeps the planner from folding the per-key subquery into a join, which it
+    would answer by reading every record of the partition (a hash join over a sequential
+    scan) and filtering most of them out."""
+    return tables.sql(
+        """SELECT r."offset", r."timestamp", r.record_type, r.key, r.value
+           FROM {keys} k CROSS JOIN LATERAL (
+               SELECT * FROM {records} r
+               WHERE r.state_partition = k.state_partition AND r.key = k.key
+                 AND r."offset" >= k.since
+               OFFSET 0) r
+           WHERE k.state_partition = %s
+           ORDER BY r."offset\""""
+    )
 
 
 def _bytes(value: Any) -> bytes | None:

@@ -80,7 +80,10 @@ def postgres_opener(
 
 
 def opener(
-    kind: str, data_dir: str, server: PostgresServer | None, num_partitions: int,
+    kind: str,
+    data_dir: str,
+    server: PostgresServer | None,
+    num_partitions: int,
     segment_bytes: int = 1 << 20,
 ) -> StoreOpener:
     if kind == "local":

@@ -149,4 +149,3 @@ async def test_pruning_keeps_everything_at_or_above_the_offset(stores: StoreOpen
     again = await asyncio.to_thread(stores.open)
     assert again.partition(3).log_start_offset == part.log_start_offset
     assert again.partition(3).log_end_offset == len(appended)
-
