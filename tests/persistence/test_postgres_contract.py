@@ -129,6 +129,9 @@ async def test_a_batch_taken_before_a_reset_is_never_written(stores: StoreOpener
     result = await asyncio.to_thread(store.commit_cycle, [(0, stale)])
     assert isinstance(result.errors[0], LogError)
     assert list(await asyncio.to_thread(lambda: list(part.read()))) == []
+    await asyncio.to_thread(store.close)  # nor is it found after a restart
+    again = await asyncio.to_thread(stores.open)
+    assert list(await asyncio.to_thread(lambda: list(again.partition(0).read()))) == []
 
 
 async def test_pruning_keeps_everything_at_or_above_the_offset(stores: StoreOpener) -> None:

@@ -75,8 +75,10 @@ async def test_what_was_acknowledged_survives_the_primary_on_the_promoted_standb
     first_after_kill: float | None = None
     promote_s = 0.0
     first = 0
+    deadline = time.monotonic() + RESET_TIMEOUT_S  # a safety net for the whole run
     try:
         while len(acked) < BEFORE_KILL + AFTER_PROMOTE or killed_at is None:
+            assert time.monotonic() < deadline, f"only {len(acked)} records acknowledged"
             if killed_at is None and len(acked) >= BEFORE_KILL:
                 await asyncio.to_thread(primary.kill)
                 killed_at = time.monotonic()

@@ -19,7 +19,13 @@ import pytest
 from log_helpers import append_records
 from stores import fresh_schema
 
-from persistence import DurabilityError, GroupCommitter, LogError, MetaMismatchError
+from persistence import (
+    DurabilityError,
+    GroupCommitter,
+    LogError,
+    MetaMismatchError,
+    PartitionFailedError,
+)
 from persistence.errors import NotLeaderError, StoreUnavailableError
 from persistence.postgres import (
     SCHEMA_VERSION,
@@ -31,6 +37,7 @@ from persistence.postgres import (
     release,
     renew,
 )
+from persistence.postgres.connection import one_line
 from persistence.postgres.store import replay_sql
 from protocol.records import SNAPSHOT_RECORD_TYPE, UPDATE_RECORD_TYPE
 from tests.figures import Figures
@@ -233,6 +240,12 @@ def test_an_unreachable_server_is_one_line_without_the_password() -> None:
     assert "hunter2" not in str(bad.value) and "\n" not in str(bad.value)
 
 
+def test_a_driver_message_is_one_line_without_the_password() -> None:
+    uri = "postgresql://app:hunter2@db1,db2/sc"
+    said = one_line(ValueError("auth for app with hunter2 failed\n\tDETAIL: retry"), uri)
+    assert said == "auth for app with *** failed; DETAIL: retry"
+
+
 def test_a_store_s_repr_masks_the_password(postgres: PostgresServer) -> None:
     with PostgresStore.open(postgres.uri(password="hunter2"), 1, 1, schema=fresh_schema()) as store:
         assert "hunter2" not in repr(store) and ":***@" in repr(store)
@@ -344,6 +357,9 @@ async def test_a_commit_while_the_server_is_down_fails_cleanly_and_the_next_succ
         assert isinstance(cause, StoreUnavailableError)
         assert "\n" not in str(cause) and str(cause).startswith("PostgreSQL store ")
         assert caught.value.durable_end_offset == 3
+        assert part.failure is cause  # it takes no appends until it is reset
+        with pytest.raises(PartitionFailedError):
+            part.append(0, b"k", b"v", 1)
         with pytest.raises(StoreUnavailableError):  # what the runtime's reload meets
             await asyncio.to_thread(part.reset_to_durable)
         await asyncio.to_thread(server.start)
