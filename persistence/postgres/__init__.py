@@ -5,8 +5,9 @@ embedded default runs without it."""
 
 from persistence.postgres.connection import masked
 from persistence.postgres.leases import Lease, claim, heartbeat, list_leases, release, renew
+from persistence.postgres.partition import PostgresPartition, RowBatch
 from persistence.postgres.schema import SCHEMA_VERSION, Tables
-from persistence.postgres.store import PostgresPartition, PostgresStore, RowBatch
+from persistence.postgres.store import PostgresStore
 
 __all__ = [
     "SCHEMA_VERSION",
