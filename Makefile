@@ -35,7 +35,10 @@ serve: $(CORE_STAMP)
 	$(BIN)/sharecoord serve $(SERVE_ARGS)
 
 # pytest exits 5 when it collected nothing; a suite that ran nothing is not green.
+# The PostgreSQL store's tests need PostgreSQL's server binaries (.ci/run installs them).
 test: $(DEV_STAMP)
+	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
+	echo "make test: no PostgreSQL found, so its tests will fail: apt-get install postgresql (Debian), as .ci/run does" >&2
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); treating that as a failure" >&2; exit 1; fi; \
 	exit $$rc

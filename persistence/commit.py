@@ -42,15 +42,15 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from persistence.errors import DurabilityError, LogError, PartitionFailedError
 from persistence.fileops import is_disk_full
 from persistence.journal import Journal
-from persistence.partition import PartitionLog, PendingBatch
 from persistence.readiness import DiskFullCallback, JournalReadiness
 from persistence.room import RoomWatch
 from persistence.statelog import StateLog
+from persistence.store import BatchT, StateStore
 
 _log = logging.getLogger("sharecoord.log")
 
@@ -93,10 +93,15 @@ class DurabilityBarrier:
 _Waiter = tuple[int, int, "asyncio.Future[None] | DurabilityBarrier"]
 
 
-class GroupCommitter:
+class GroupCommitter(Generic[BatchT]):
+    """The group commit over any state store (persistence/store.py). The journal's
+    upkeep (its readiness on a full disk, checkpoints, journal_max_bytes) is the local
+    store's alone: over another store those parts are idle (no disk_full, no
+    checkpoints, never refusing_writes)."""
+
     def __init__(
         self,
-        log: StateLog,
+        log: StateStore[BatchT],
         *,
         on_partition_failure: FailureCallback | None = None,
         linger_ms: float = 0,
@@ -110,7 +115,8 @@ class GroupCommitter:
     ) -> None:
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
-        if log.journal is None:
+        local = log if isinstance(log, StateLog) else None
+        if local is not None and local.journal is None:
             raise ValueError("group commit needs a data directory opened for writing")
         # Kafka's append.linger.ms: wait this long after the first dirty partition before
         # a cycle, to gather more. 0 by default: appends arriving during an fsync already
@@ -119,7 +125,9 @@ class GroupCommitter:
         self._on_cycle = on_cycle
         self._on_checkpoint = on_checkpoint
         self._log = log
-        self._journal: Journal = log.journal
+        # The local store and its journal; None over another store.
+        self._local = local
+        self._journal: Journal | None = None if local is None else local.journal
         self._on_partition_failure = on_partition_failure
         self._checkpoint_interval_s = checkpoint_interval_ms / 1000
         self._checkpoint_bytes = checkpoint_bytes
@@ -141,19 +149,23 @@ class GroupCommitter:
         self._last_checkpoint = time.monotonic()
         self.cycles = 0  # commit cycles that wrote something
         self.checkpoints = 0
-        self._readiness = JournalReadiness(
-            log, self._journal, room or RoomWatch(log.fs, log.data_dir), on_disk_full
-        )
+        self._readiness: JournalReadiness | None = None
+        if local is not None and self._journal is not None:
+            self._readiness = JournalReadiness(
+                local, self._journal, room or RoomWatch(local.fs, local.data_dir), on_disk_full
+            )
 
     def start(self) -> None:
         """Start committing, on the running event loop."""
         if self._task is not None:
             raise RuntimeError("GroupCommitter already started")
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-commit")
-        self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-checkpoint")
         self._wakeup = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name="group-commit")
+        if self._readiness is None:
+            return
+        self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-checkpoint")
         self._ticker = loop.create_task(self._tick(), name="checkpoint-ticker")
         # The journal's first segments, ahead of the first cycle (and the end of the
         # data directory's open, if a full disk held it back).
@@ -162,13 +174,16 @@ class GroupCommitter:
     @property
     def journal_bytes(self) -> int:
         """Journal bytes no checkpoint has freed yet."""
-        return max(0, self._journal.end_lsn - self._log.checkpoint.lowest_lsn())
+        if self._local is None or self._journal is None:
+            return 0
+        return max(0, self._journal.end_lsn - self._local.checkpoint.lowest_lsn())
 
     async def prepared(self) -> None:
         """Return once the journal's first try to get ready (start) has ended, in
         success or with `disk_full` set: a partition should not serve before, or a
         write could reach its shard that a full disk then refuses."""
-        await self._readiness.prepared()
+        if self._readiness is not None:
+            await self._readiness.prepared()
 
     @property
     def disk_full(self) -> BaseException | None:
@@ -176,7 +191,7 @@ class GroupCommitter:
         for its next segment, or for the end of the open, which any error of the disk
         holds back), or None. Writes must be refused (15) before they reach a shard
         while it is set; reads go on."""
-        return self._readiness.disk_full
+        return None if self._readiness is None else self._readiness.disk_full
 
     @property
     def refusing_writes(self) -> bool:
@@ -198,7 +213,8 @@ class GroupCommitter:
         finally:
             if self._ticker is not None:
                 self._ticker.cancel()
-            await self._readiness.close()
+            if self._readiness is not None:
+                await self._readiness.close()
             if self._checkpoint_task is not None:
                 await asyncio.gather(self._checkpoint_task, return_exceptions=True)
             try:
@@ -295,7 +311,7 @@ class GroupCommitter:
             self._fail_waiters(partition, cause)
 
     async def _cycle(self, dirty: list[int]) -> None:
-        batches: list[tuple[PartitionLog, PendingBatch]] = []
+        batches: list[tuple[int, BatchT]] = []
         for partition in dirty:
             log = self._log.partition(partition)
             try:
@@ -304,48 +320,47 @@ class GroupCommitter:
                 self._partition_failed(partition, exc.cause or exc)
                 continue
             if batch is not None:
-                batches.append((log, batch))
+                batches.append((partition, batch))
             else:
                 self._release(partition)
         if not batches:
             return
-        if self._log.opening_unfinished:
+        if self._local is not None and self._local.opening_unfinished:
             # No record before the open's CHECKPOINT (StateLog.finish_opening): the
             # service refuses writes meanwhile, so only a write racing the refusal
             # gets here.
             refusal = LogError(
                 f"the data directory's open is not finished: {self.disk_full or 'not yet'}"
             )
-            for log, _ in batches:
-                log.fail(refusal)
-                self._partition_failed(log.partition, refusal)
+            for partition, _ in batches:
+                self._log.partition(partition).fail(refusal)
+                self._partition_failed(partition, refusal)
             return
         self.cycles += 1
         loop = asyncio.get_running_loop()
-        rolled_from = self._journal.spare_lsn
-        errors, journal_error, seconds = await loop.run_in_executor(
-            self._executor, _journal_and_apply, self._journal, batches
-        )
-        if journal_error is not None and is_disk_full(journal_error):
-            self._readiness.refused(journal_error)
+        journal = self._journal
+        rolled_from = None if journal is None else journal.spare_lsn
+        result = await loop.run_in_executor(self._executor, self._log.commit_cycle, batches)
+        shared = result.shared
+        if shared is not None and is_disk_full(shared) and self._readiness is not None:
+            self._readiness.refused(shared)
         if self._on_cycle is not None:
-            self._on_cycle(len(batches), [seconds])
-        for (log, _), error in zip(batches, errors, strict=True):
+            self._on_cycle(len(batches), [result.seconds])
+        for (partition, _), error in zip(batches, result.errors, strict=True):
             # Released first: a batch whose journal record is durable is answered even
             # if its partition's files then failed (the partition stops and repairs
             # itself from the journal).
-            self._release(log.partition)
-            if error is None or error is not journal_error:
-                self._unsynced.add(log.partition)
+            self._release(partition)
+            if error is None or error is not shared:
+                self._unsynced.add(partition)
             if error is not None:
                 cause = error.cause if isinstance(error, PartitionFailedError) else error
-                self._partition_failed(log.partition, cause or error)
-        if self._journal.spare_lsn != rolled_from:
+                self._partition_failed(partition, cause or error)
+        if journal is None or self._readiness is None:
+            return
+        if journal.spare_lsn != rolled_from:
             self._readiness.make_ready()
-        if (
-            self._journal.bytes_written - self._journal_bytes_at_checkpoint
-            >= self._checkpoint_bytes
-        ):
+        if journal.bytes_written - self._journal_bytes_at_checkpoint >= self._checkpoint_bytes:
             self._start_checkpoint()
 
     # -- checkpoints -------------------------------------------------------------------
@@ -368,7 +383,7 @@ class GroupCommitter:
     async def _checkpoint(self) -> None:
         """One checkpoint at the journal's end as it is now (between cycles: every
         record below it has been applied to the partition files)."""
-        if self._checkpointer is None:
+        if self._checkpointer is None or self._local is None or self._journal is None:
             return
         lsn = self._journal.end_lsn
         written, self._unsynced = self._unsynced, set()
@@ -377,7 +392,7 @@ class GroupCommitter:
         loop = asyncio.get_running_loop()
         try:
             failures = await loop.run_in_executor(
-                self._checkpointer, self._log.take_checkpoint, lsn, written
+                self._checkpointer, self._local.take_checkpoint, lsn, written
             )
         except OSError as exc:
             self._unsynced |= written  # the old CHECKPOINT stands: sync them next time
@@ -450,40 +465,3 @@ class GroupCommitter:
                 waiter.settle(partition, error)
             elif not waiter.done():
                 waiter.set_exception(error)
-
-
-def _journal_and_apply(
-    journal: Journal, batches: list[tuple[PartitionLog, PendingBatch]]
-) -> tuple[list[BaseException | None], BaseException | None, float]:
-    """In the commit thread: one journal record for every batch and one fdatasync, then
-    each batch into its partition's files. Returns each batch's error (or None), the
-    journal's error if the record failed (every batch shares it), and how long the
-    journal write and fdatasync took."""
-    errors: list[BaseException | None] = [None] * len(batches)
-    for index, (log, batch) in enumerate(batches):
-        if batch.generation != log.generation:
-            # Its partition was reset after the batch was taken (resets run in this
-            # thread, between cycles): its appends are gone, and must not be journaled.
-            errors[index] = LogError(f"{log!r}: batch taken before a reset")
-    entries = [
-        (log.partition, b.first_offset, len(b.ends), b.data)
-        for (log, b), error in zip(batches, errors, strict=True)
-        if error is None
-    ]
-    started = time.perf_counter()
-    try:
-        if entries:
-            journal.append(entries)
-    except BaseException as exc:  # every batch of the cycle shared this flush
-        for log, _ in batches:
-            log.fail(exc)
-        return [exc] * len(batches), exc, time.perf_counter() - started
-    seconds = time.perf_counter() - started
-    for index, (log, batch) in enumerate(batches):
-        if errors[index] is not None:
-            continue
-        try:
-            log.apply_batch(batch)
-        except BaseException as exc:  # reported per partition, never lost
-            errors[index] = exc
-    return errors, None, seconds

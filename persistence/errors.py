@@ -76,3 +76,24 @@ class DurabilityError(LogError):
         self.durable_end_offset = durable_end_offset
         super().__init__(f"state partition {partition}: write or fsync failed: {cause!r}")
         self.__cause__ = cause  # tracebacks show the OSError
+
+
+class NotLeaderError(LogError):
+    """A store with leases (the PostgreSQL store): this node no longer leads the state
+    partition, because its epoch moved (another node claimed it) or it never led it. A
+    commit carrying its records wrote none of them."""
+
+    def __init__(self, partition: int, held_epoch: int | None, found: str) -> None:
+        self.partition = partition
+        self.held_epoch = held_epoch
+        held = "no epoch" if held_epoch is None else f"epoch {held_epoch}"
+        super().__init__(
+            f"state partition {partition}: this node no longer leads it (it held {held}; "
+            f"the store says {found})"
+        )
+
+
+class StoreUnavailableError(LogError, OSError):
+    """The state store's server cannot be reached or refused a statement, in one line
+    (its URI shown with the password masked). An OSError too: like a disk that failed,
+    it is retried (a load, a reset), never taken for damage."""

@@ -45,6 +45,7 @@ from persistence.swap import (
     CommitOutcome,
     SwapIncompleteError,
     load_staged,
+    pending_staged,
     recover_staging,
     swap_in,
 )
@@ -623,7 +624,17 @@ class PartitionLog:
             for fd, *_ in opened:
                 fs.close(fd)
 
+    def replay(self, on_record: Callable[[LogRecord], None]) -> None:
+        """Hand `on_record` every durable record, in order (a reload after
+        reset_to_durable: the local log has no cheaper way to a key's last snapshot)."""
+        for record in self.read(0):
+            on_record(record)
+
     # -- pruning and compaction ----------------------------------------------------------
+
+    def pending_compactions(self) -> list[int]:
+        """The base offsets of the compaction outputs fully staged for commit_staged."""
+        return pending_staged(self.partition_dir)
 
     def prune(
         self, below_offset: int, may_delete: Callable[[SegmentState], bool] | None = None

@@ -44,13 +44,15 @@ import functools
 import json
 import logging
 import os
-from collections.abc import Callable, Collection
+import time
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from persistence.catchup import catch_up
 from persistence.errors import (
     LogCorruptionError,
+    LogError,
     LogLockedError,
     MetaMismatchError,
     PartitionFailedError,
@@ -78,8 +80,9 @@ from persistence.ownership import (
     settle,
     write_assignment,
 )
-from persistence.partition import DEFAULT_SEGMENT_BYTES, PartitionLog
+from persistence.partition import DEFAULT_SEGMENT_BYTES, PartitionLog, PendingBatch
 from persistence.segments import list_log_files, scan_segment
+from persistence.store import CycleResult, StateStore
 
 _log = logging.getLogger("sharecoord.log")
 
@@ -466,6 +469,43 @@ class StateLog:
             self.journal.delete_below(checkpoint.lowest_lsn())
         return failures
 
+    def commit_cycle(self, batches: Sequence[tuple[int, PendingBatch]]) -> CycleResult:
+        """The seam's commit cycle (persistence/store.py), in the commit thread: one
+        journal record for every batch and one fdatasync, then each batch into its
+        partition's files. A journal failure fails every batch (they shared the flush)
+        and stops their partitions; a partition's own write failure after it is that
+        partition's alone, and its batch is durable all the same."""
+        assert self.journal is not None, "only a writable open commits"
+        logs = [self._partitions[p] for p, _ in batches]
+        errors: list[BaseException | None] = [None] * len(batches)
+        for index, (log, (_, batch)) in enumerate(zip(logs, batches, strict=True)):
+            if batch.generation != log.generation:
+                # Its partition was reset after the batch was taken (resets run in this
+                # thread, between cycles): its appends are gone, and must not be journaled.
+                errors[index] = LogError(f"{log!r}: batch taken before a reset")
+        entries = [
+            (p, b.first_offset, len(b.ends), b.data)
+            for (p, b), error in zip(batches, errors, strict=True)
+            if error is None
+        ]
+        started = time.perf_counter()
+        try:
+            if entries:
+                self.journal.append(entries)
+        except BaseException as exc:  # every batch of the cycle shared this flush
+            for log in logs:
+                log.fail(exc)
+            return CycleResult([exc] * len(batches), exc, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        for index, (log, (_, batch)) in enumerate(zip(logs, batches, strict=True)):
+            if errors[index] is not None:
+                continue
+            try:
+                log.apply_batch(batch)
+            except BaseException as exc:  # reported per partition, never lost
+                errors[index] = exc
+        return CycleResult(errors, None, seconds)
+
     def close(self) -> None:
         """Close every partition and release DATA/LOCK. Writable: a last checkpoint
         first, so what offline writers committed is recorded as on disk."""
@@ -632,3 +672,10 @@ def _make_partition_dirs(fs: FileOps, data_dir: str, num_partitions: int) -> Non
             created.append(root)
     for directory in dict.fromkeys(created):
         fs.fsync_dir(directory)
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_seam(log: StateLog) -> StateStore[PendingBatch]:
+        """mypy's check that the local log is a state store (persistence/store.py)."""
+        return log

@@ -41,10 +41,11 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from persistence import FileOps, LogRecord, PartitionFailedError, PartitionLog
+from persistence import FileOps, LogRecord, PartitionFailedError
 from persistence.fileops import is_disk_full
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
 from persistence.room import RoomWatch
+from persistence.store import PartitionStore
 from protocol.batches import StateBatch
 from protocol.messages import AnyPartitionResult, Rpc
 from protocol.records import (
@@ -108,7 +109,7 @@ class PartitionRuntime:
     def __init__(
         self,
         partition: int,
-        log: PartitionLog,
+        log: PartitionStore[object],
         shard_config: ShardConfig,
         *,
         metadata: TopicMetadata | None = None,
@@ -144,7 +145,8 @@ class PartitionRuntime:
         self._metrics.records_appended.labels(partition).set_function(lambda: self.records_appended)
         self._metrics.bytes_appended.labels(partition).set_function(lambda: self.bytes_appended)
         self.shard = self._new_shard()
-        self._room = room or RoomWatch(FileOps(), log.partition_dir)
+        # A store without files never reports a full disk: its watch is never asked.
+        self._room = room or RoomWatch(FileOps(), log.partition_dir or ".")
         # Awaited once loaded, before serving: the journal's first try to get ready
         # (GroupCommitter.prepared), so a full disk stops its writes before any
         # write can reach its shard.
@@ -517,9 +519,7 @@ class PartitionRuntime:
         # never acknowledged can come back as state.
         self.log.reset_to_durable()
         shard = self._new_shard()
-        replay = self._unless_closing(_replayer(shard, self.partition))
-        for record in self.log.read(0):
-            replay(record)
+        self.log.replay(self._unless_closing(_replayer(shard, self.partition)))
         self.shard = shard
         self._unsynced = {}  # cut back to what is durable
 

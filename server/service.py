@@ -31,7 +31,6 @@ from persistence import (
     LogError,
     PartitionFailedError,
     SegmentInfo,
-    pending_staged,
 )
 from persistence.history import HistoryIndex
 from protocol import errors
@@ -100,7 +99,7 @@ class CoordinatorService:
         self,
         *,
         runtimes: dict[int, PartitionRuntime],
-        committer: GroupCommitter,
+        committer: GroupCommitter[Any],
         cluster: ClusterMap,
         node_id: int,
         catalog: TopicCatalog,
@@ -490,7 +489,7 @@ class CoordinatorService:
             if runtime.status is not Status.ACTIVE:
                 continue
             log = runtime.log
-            bases = await asyncio.to_thread(pending_staged, log.partition_dir)
+            bases = await asyncio.to_thread(log.pending_compactions)
             for base in bases:
                 try:
                     outcome = await asyncio.to_thread(log.commit_staged, base)
@@ -655,6 +654,8 @@ class CoordinatorService:
         if not self.runtimes:
             return None
         some_partition = next(iter(self.runtimes.values())).log.partition_dir
+        if some_partition is None:
+            return None  # a store without files keeps no history (yet)
         data_dir = os.path.dirname(os.path.dirname(some_partition))
         try:
             return await asyncio.to_thread(HistoryIndex.load, data_dir)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
 
+from tests.figures import print_figures
 from tests.pki import Pki, make_pki
+from tests.postgres import PostgresMissing, PostgresServer, server_root
 
 
 @pytest.fixture(autouse=True)
@@ -36,3 +39,23 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
     if shutil.which("openssl") is None:
         pytest.fail("the TLS tests make their certificates with the openssl CLI; install it")
     return make_pki(tmp_path_factory.mktemp("pki"))
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    print_figures(terminalreporter)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    """One PostgreSQL server for the session (tests/postgres.py), for the tests that do
+    not stop, kill or promote it; each test works in a schema of its own. No PostgreSQL
+    on the machine fails the test, in one line: it never skips."""
+    with server_root() as root:
+        try:
+            server = PostgresServer.primary(root, "session")
+        except PostgresMissing as exc:
+            pytest.fail(str(exc), pytrace=False)
+        try:
+            yield server
+        finally:
+            server.destroy()

@@ -29,7 +29,7 @@ else:  # pragma: no cover
 REPO = Path(__file__).resolve().parent.parent
 # Declared on purpose (the project's brief names them); where they go is ours to say.
 REQUIRED = {"aiohttp", "msgpack", "sortedcontainers", "pyspark", "uvloop", "pytest-asyncio"}
-NOT_FOR_THE_DAEMON = {"pyspark", "pyarrow", "matplotlib", "pytest-asyncio", "pytest"}
+NOT_FOR_THE_DAEMON = {"pyspark", "pyarrow", "matplotlib", "pytest-asyncio", "pytest", "psycopg"}
 
 
 def names(requirements: list[str]) -> set[str]:
@@ -59,6 +59,9 @@ def test_the_core_install_is_the_daemon_s_dependencies(project: dict[str, Any]) 
     # pyarrow: the data source hands Arrow batches to the JVM; the history is Parquet.
     assert names(extras["spark"]) == {"pyspark", "pyarrow", "matplotlib"}
     assert "pytest-asyncio" in names(extras["dev"])
+    # The PostgreSQL store's driver: its own extra, which `make test` pulls in too.
+    assert names(extras["postgres"]) == {"psycopg"}
+    assert "sharecoord[postgres]" in extras["dev"]
     declared = core.union(*(names(e) for e in extras.values()))
     assert declared >= REQUIRED | {"matplotlib"}
 
@@ -85,7 +88,16 @@ def test_the_kafka_declarations_ship_with_the_package() -> None:
 
 def test_the_daemon_and_the_client_run_without_the_extras() -> None:
     """Every module a lean install runs, imported with the extras' packages hidden."""
-    hidden = ("pyspark", "pyarrow", "matplotlib", "pytest", "pytest_asyncio", "hypothesis", "yaml")
+    hidden = (
+        "pyspark",
+        "pyarrow",
+        "matplotlib",
+        "pytest",
+        "pytest_asyncio",
+        "hypothesis",
+        "yaml",
+        "psycopg",
+    )
     code = "; ".join(
         [
             "import sys",

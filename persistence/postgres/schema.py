@@ -1,0 +1,200 @@
+"""The PostgreSQL store's tables, created and upgraded by the store itself.
+
+Every table lives in one schema (a constructor argument, ``public`` by default) and
+has the ``sharecoord_`` prefix, so a database shared with other applications names
+nothing of theirs::
+
+    sharecoord_schema   one row: the schema version, and the number of state partitions
+                        (fixed for a store, as DATA/meta fixes it for a data directory)
+    sharecoord_records  state_partition, offset, record_type, key, value, timestamp:
+                        the log, one row per record; primary key (state_partition, offset)
+    sharecoord_keys     state_partition, key, since, snapshot: where each key's replay
+                        starts: its last snapshot's offset (snapshot = true), or its
+                        first record's while it has none; written in the commit's own
+                        transaction
+    sharecoord_leaders  state_partition, node_id, epoch, lease_expiry: who leads each
+                        state partition, under which epoch, until when (PostgreSQL's
+                        clock); a row per partition from the start, epoch 0, no leader
+    sharecoord_nodes    node_id, http_listener, kafka_listener, last_heartbeat
+
+Why each index exists (docs/design.md#the-postgresql-store):
+
+* records (state_partition, offset), the primary key: a partition's records in order
+  (``read``, the end offset as max(offset)), and pruning deletes a range of it.
+* records (state_partition, key, offset): the replay reads each key from ``since`` on
+  with one index range per key, so a load never reads what a later snapshot replaced;
+  and pruning finds the keys none of whose records remain.
+* keys (state_partition, key), the primary key: the commit's upsert, and the replay's
+  walk over a partition's keys.
+* leaders (state_partition), the primary key: the commit locks the rows of its
+  partitions by it (FOR SHARE), a claim updates one row by it.
+* nodes (node_id), the primary key: a heartbeat upserts its row.
+There is no index on leaders.node_id: renewing a node's leases reads a table of
+num_partitions rows (50 by default), which a sequential scan reads faster than an
+index would.
+
+Creating and upgrading run in one transaction under an advisory lock, so nodes
+starting together create the tables once. A store whose version is newer than this
+code knows is refused (one line); an older one is brought up to date, step by step.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from persistence.errors import LogError, MetaMismatchError
+
+SCHEMA_VERSION = 1
+PREFIX = "sharecoord_"
+_IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
+
+
+@dataclass(frozen=True)
+class Tables:
+    """The qualified names of the store's tables in one schema."""
+
+    schema: str
+
+    def __post_init__(self) -> None:
+        if not _IDENTIFIER.match(self.schema):
+            raise LogError(
+                f"schema name {self.schema!r} must be lower-case letters, digits and _ "
+                "(not starting with a digit), at most 41 characters"
+            )
+
+    def name(self, table: str) -> sql.Composed:
+        return sql.SQL("{}.{}").format(sql.Identifier(self.schema), sql.Identifier(PREFIX + table))
+
+    @property
+    def records(self) -> sql.Composed:
+        return self.name("records")
+
+    @property
+    def keys(self) -> sql.Composed:
+        return self.name("keys")
+
+    @property
+    def leaders(self) -> sql.Composed:
+        return self.name("leaders")
+
+    @property
+    def nodes(self) -> sql.Composed:
+        return self.name("nodes")
+
+    @property
+    def version(self) -> sql.Composed:
+        return self.name("schema")
+
+    def sql(self, template: str, **names: Any) -> sql.Composed:
+        """``template`` with {records}, {keys}, {leaders}, {nodes}, {version}, {schema}
+        filled in as identifiers (and any other name given)."""
+        return sql.SQL(template).format(
+            records=self.records,
+            keys=self.keys,
+            leaders=self.leaders,
+            nodes=self.nodes,
+            version=self.version,
+            schema=sql.Identifier(self.schema),
+            **names,
+        )
+
+
+# Step n brings a store from version n to n + 1.
+_STEPS: list[list[str]] = [
+    [
+        """CREATE TABLE {records} (
+            state_partition integer NOT NULL,
+            "offset" bigint NOT NULL,
+            record_type smallint NOT NULL,
+            key bytea NOT NULL,
+            value bytea,
+            "timestamp" bigint NOT NULL,
+            PRIMARY KEY (state_partition, "offset"))""",
+        """CREATE INDEX {records_by_key} ON {records} (state_partition, key, "offset")""",
+        """CREATE TABLE {keys} (
+            state_partition integer NOT NULL,
+            key bytea NOT NULL,
+            since bigint NOT NULL,
+            snapshot boolean NOT NULL,
+            PRIMARY KEY (state_partition, key))""",
+        """CREATE TABLE {leaders} (
+            state_partition integer PRIMARY KEY,
+            node_id integer,
+            epoch bigint NOT NULL DEFAULT 0,
+            lease_expiry timestamptz)""",
+        """CREATE TABLE {nodes} (
+            node_id integer PRIMARY KEY,
+            http_listener text,
+            kafka_listener text,
+            last_heartbeat timestamptz NOT NULL)""",
+    ],
+]
+
+
+def prepare(conn: psycopg.Connection[Any], tables: Tables, num_partitions: int) -> None:
+    """Create the tables, or bring them up to SCHEMA_VERSION, and a leaders row per
+    state partition; refuse a store of another number of partitions or a newer
+    version. One transaction, under an advisory lock named after the schema."""
+    lock_id = zlib.crc32(f"sharecoord schema {tables.schema}".encode())
+    with conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_id,))
+        conn.execute(tables.sql("CREATE SCHEMA IF NOT EXISTS {schema}"))
+        found = conn.execute(
+            "SELECT to_regclass(%s)", (f"{tables.schema}.{PREFIX}schema",)
+        ).fetchone()
+        if found is None or found[0] is None:
+            conn.execute(
+                tables.sql(
+                    """CREATE TABLE {version} (
+                        one boolean PRIMARY KEY DEFAULT true CHECK (one),
+                        version integer NOT NULL,
+                        num_partitions integer NOT NULL)"""
+                )
+            )
+            conn.execute(
+                tables.sql("INSERT INTO {version} (version, num_partitions) VALUES (0, %s)"),
+                (num_partitions,),
+            )
+        row = conn.execute(
+            tables.sql("SELECT version, num_partitions FROM {version} FOR UPDATE")
+        ).fetchone()
+        assert row is not None
+        version, recorded_partitions = int(row[0]), int(row[1])
+        where = f"the PostgreSQL store's schema {tables.schema}"
+        if version > SCHEMA_VERSION:
+            raise LogError(
+                f"{where} is at version {version}, newer than this sharecoord knows "
+                f"({SCHEMA_VERSION}): run a newer sharecoord"
+            )
+        if recorded_partitions != num_partitions:
+            raise MetaMismatchError(
+                f"{where} was created with num_partitions={recorded_partitions}; refusing "
+                f"to open it with num_partitions={num_partitions}: the number of state "
+                "partitions is fixed for a store"
+            )
+        for step in _STEPS[version:]:
+            for statement in step:
+                conn.execute(
+                    tables.sql(statement, records_by_key=sql.Identifier(PREFIX + "records_by_key"))
+                )
+        if version < SCHEMA_VERSION:
+            conn.execute(tables.sql("UPDATE {version} SET version = %s"), (SCHEMA_VERSION,))
+        conn.execute(
+            tables.sql(
+                "INSERT INTO {leaders} (state_partition) SELECT generate_series(0, %s - 1) "
+                "ON CONFLICT (state_partition) DO NOTHING"
+            ),
+            (num_partitions,),
+        )
+
+
+def schema_version(conn: psycopg.Connection[Any], tables: Tables) -> int:
+    row = conn.execute(tables.sql("SELECT version FROM {version}")).fetchone()
+    assert row is not None
+    return int(row[0])

@@ -1,0 +1,381 @@
+"""The PostgreSQL state store: the seam of persistence/store.py over the tables of
+schema.py, through psycopg 3 (docs/design.md#the-postgresql-store says why that driver).
+
+A commit cycle is one transaction, on the commit thread's own connection:
+
+  1. lock the leaders rows of the cycle's partitions FOR SHARE and compare each epoch
+     (and node) with the one this store holds for it: a partition whose epoch moved is
+     left out, and its batch fails with NotLeaderError (this node no longer leads it);
+     a claim (leases.py) waits for the lock, so it lands before or after the whole
+     commit, never inside it;
+  2. COPY the other batches' records (binary);
+  3. upsert sharecoord_keys for the keys the cycle gave a snapshot, or wrote first;
+  4. COMMIT. Any error of the driver or the server fails every batch of the cycle
+     (StoreUnavailableError, one line): the partitions stop, and their reset asks the
+     server what is durable. A connection lost during COMMIT leaves the outcome unknown
+     to the store; the reset learns it (the records are there or not), but the
+     answers already given said 15.
+The connection is dropped after any error, and the next cycle connects again: with a
+multi-host URI, to whichever host accepts writes then.
+
+Replay reads, for each key of the partition, its records from its last snapshot on
+(sharecoord_keys.since), in offset order, in one REPEATABLE READ transaction together
+with the partition's end offset. Everything else (read, prune, the leases) takes a
+pooled connection.
+
+A partition takes appends only with an epoch this store holds for it (``lead``, after
+a claim): ``open`` and ``reset_to_durable`` check it against the leaders table and
+raise NotLeaderError when it is not this node's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import sql
+
+from persistence.errors import LogError, NotLeaderError
+from persistence.frame import LogRecord
+from persistence.postgres import leases
+from persistence.postgres.connection import (
+    Pool,
+    check_uri,
+    connect,
+    is_usable,
+    masked,
+    unavailable,
+)
+from persistence.postgres.partition import ROW_OVERHEAD, PostgresPartition, RowBatch
+from persistence.postgres.schema import Tables, prepare
+from persistence.store import CycleResult
+
+if TYPE_CHECKING:
+    from persistence.store import StateStore
+
+_log = logging.getLogger("sharecoord.log")
+
+# Rows a replay or a read fetches from the server at a time.
+# Rows a replay or a read fetches from the server at a time.
+FETCH_ROWS = 5000
+_COPY_TYPES = ["int4", "int8", "int2", "bytea", "bytea", "int8"]
+
+
+class PostgresStore:
+    """Every state partition in one PostgreSQL schema (persistence/store.py's
+    StateStore), for node `node_id`."""
+
+    def __init__(self, uri: str, num_partitions: int, node_id: int, tables: Tables) -> None:
+        self.uri = uri
+        self._num_partitions = num_partitions
+        self.node_id = node_id
+        self.tables = tables
+        self.pool = Pool(uri)
+        self._partitions = [PostgresPartition(self, p) for p in range(num_partitions)]
+        self._epochs: dict[int, int] = {}
+        self._commit_conn: psycopg.Connection[Any] | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({masked(self.uri)}, schema {self.tables.schema})"
+
+    @classmethod
+    def open(
+        cls, uri: str, num_partitions: int, node_id: int, *, schema: str = "public"
+    ) -> PostgresStore:
+        """Connect, and create or upgrade the tables (schema.py). Raises LogError in one
+        line for a bad URI or schema name, StoreUnavailableError when the server
+        cannot be reached, MetaMismatchError for another number of partitions."""
+        if num_partitions < 1:
+            raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
+        check_uri(uri)
+        store = cls(uri, num_partitions, node_id, Tables(schema))
+        try:
+            with store.pool.connection("creating the tables") as conn:
+                prepare(conn, store.tables, num_partitions)
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    @property
+    def num_partitions(self) -> int:
+        return self._num_partitions
+
+    def partition(self, partition: int) -> PostgresPartition:
+        if not 0 <= partition < self._num_partitions:
+            raise IndexError(f"state partition {partition} not in [0, {self._num_partitions})")
+        return self._partitions[partition]
+
+    @property
+    def partitions(self) -> list[PostgresPartition]:
+        return list(self._partitions)
+
+    # -- leadership --------------------------------------------------------------------
+
+    def lead(self, partition: int, epoch: int) -> None:
+        """This node leads `partition` under `epoch` (a claim returned it): its commits
+        carry that epoch from now on."""
+        self._epochs[partition] = epoch
+
+    def held_epoch(self, partition: int) -> int | None:
+        return self._epochs.get(partition)
+
+    def check_leader(
+        self, conn: psycopg.Connection[Any], partition: int, epoch: int | None
+    ) -> None:
+        row = conn.execute(
+            self.tables.sql("SELECT node_id, epoch FROM {leaders} WHERE state_partition = %s"),
+            (partition,),
+        ).fetchone()
+        if row is None or epoch is None or row[0] != self.node_id or row[1] != epoch:
+            found = "no row" if row is None else f"node {row[0]}, epoch {row[1]}"
+            raise NotLeaderError(partition, epoch, found)
+
+    @contextlib.contextmanager
+    def connection(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection (autocommit) for the lease statements (leases.py)."""
+        with self.pool.connection(doing) as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def transaction(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in a transaction for the block."""
+        with self.pool.connection(doing) as conn, conn.transaction():
+            yield conn
+
+    @contextlib.contextmanager
+    def snapshot(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in a REPEATABLE READ transaction: every statement of the
+        block sees the same state."""
+        with self.transaction(doing) as conn:
+            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            yield conn
+
+    def claim(self, partition: int, lease_ms: int) -> int | None:
+        """leases.claim for this node, and lead with the epoch it got."""
+        with self.connection(f"claiming state partition {partition}") as conn:
+            epoch = leases.claim(conn, self.tables, partition, self.node_id, lease_ms)
+        if epoch is not None:
+            self.lead(partition, epoch)
+        return epoch
+
+    # -- the commit cycle --------------------------------------------------------------
+
+    def commit_cycle(self, batches: Sequence[tuple[int, RowBatch]]) -> CycleResult:
+        parts = [self._partitions[p] for p, _ in batches]
+        errors: list[BaseException | None] = [None] * len(batches)
+        live: list[int] = []  # indexes of the batches to write
+        for index, (part, (_, batch)) in enumerate(zip(parts, batches, strict=True)):
+            if batch.generation != part.generation:
+                errors[index] = LogError(f"{part!r}: batch taken before a reset")
+            else:
+                live.append(index)
+        started = time.perf_counter()
+        try:
+            fenced = self._commit(batches, live, parts)
+        except BaseException as exc:
+            shared = unavailable(exc, self.uri, "commit") if isinstance(exc, psycopg.Error) else exc
+            self._drop_commit_connection()
+            for part in parts:
+                part.fail(shared)
+            return CycleResult([shared] * len(batches), shared, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        for index in live:
+            part, (_, batch) = parts[index], batches[index]
+            if index in fenced:
+                errors[index] = fenced[index]
+                part.fail(fenced[index])
+            else:
+                part.committed(batch)
+        return CycleResult(errors, None, seconds)
+
+    def _commit(
+        self,
+        batches: Sequence[tuple[int, RowBatch]],
+        live: list[int],
+        parts: list[PostgresPartition],
+    ) -> dict[int, NotLeaderError]:
+        """One transaction (the module docstring); the fenced batches, by index."""
+        if not live:
+            return {}
+        conn = self._commit_connection()
+        tables = self.tables
+        fenced: dict[int, NotLeaderError] = {}
+        with conn.transaction():
+            rows = conn.execute(
+                tables.sql(
+                    "SELECT state_partition, node_id, epoch FROM {leaders} "
+                    "WHERE state_partition = ANY(%s) ORDER BY state_partition FOR SHARE"
+                ),
+                ([batches[i][0] for i in live],),
+            ).fetchall()
+            found = {int(p): (node, int(epoch)) for p, node, epoch in rows}
+            for index in live:
+                partition = batches[index][0]
+                held = self._epochs.get(partition)
+                now = found.get(partition)
+                if held is None or now != (self.node_id, held):
+                    said = "no row" if now is None else f"node {now[0]}, epoch {now[1]}"
+                    fenced[index] = NotLeaderError(partition, held, said)
+            writing = [i for i in live if i not in fenced]
+            if not writing:
+                return fenced
+            with conn.cursor() as cur:
+                copy_sql = tables.sql(
+                    'COPY {records} (state_partition, "offset", record_type, key, value, '
+                    '"timestamp") FROM STDIN (FORMAT BINARY)'
+                )
+                with cur.copy(copy_sql) as copy:
+                    copy.set_types(_COPY_TYPES)
+                    for index in writing:
+                        for row in batches[index][1].rows:
+                            copy.write_row(row)
+            keys: list[tuple[int, bytes, int, bool]] = []
+            for index in writing:
+                partition, batch = batches[index]
+                starts = parts[index].key_starts(batch)
+                keys += [(partition, key, since, snap) for key, (since, snap) in starts.items()]
+            if keys:
+                conn.execute(
+                    tables.sql(
+                        """INSERT INTO {keys} (state_partition, key, since, snapshot)
+                           SELECT * FROM unnest(%s::integer[], %s::bytea[], %s::bigint[],
+                                                %s::boolean[])
+                           ON CONFLICT (state_partition, key) DO UPDATE
+                           SET since = excluded.since, snapshot = true
+                           WHERE excluded.snapshot"""
+                    ),
+                    [list(column) for column in zip(*keys, strict=True)],
+                )
+        return fenced
+
+    def _commit_connection(self) -> psycopg.Connection[Any]:
+        conn = self._commit_conn
+        if conn is None or not is_usable(conn):
+            self._drop_commit_connection()
+            conn = self._commit_conn = connect(self.uri)
+        return conn
+
+    def _drop_commit_connection(self) -> None:
+        conn, self._commit_conn = self._commit_conn, None
+        if conn is not None:
+            conn.close()
+
+    # -- reading and pruning -----------------------------------------------------------
+
+    def offsets(self, conn: psycopg.Connection[Any], partition: int) -> tuple[int, int]:
+        """(log start, log end) of a partition: its lowest offset and one past its
+        highest, (0, 0) with no records."""
+        row = conn.execute(
+            self.tables.sql(
+                'SELECT min("offset"), max("offset") FROM {records} WHERE state_partition = %s'
+            ),
+            (partition,),
+        ).fetchone()
+        if row is None or row[0] is None:
+            return 0, 0
+        return int(row[0]), int(row[1]) + 1
+
+    def replay_rows(self, conn: psycopg.Connection[Any], partition: int) -> Iterator[LogRecord]:
+        """Each key's records from its last snapshot on, in offset order (inside a
+        transaction of the caller's)."""
+        with conn.cursor(name=f"replay_{partition}") as cur:
+            cur.itersize = FETCH_ROWS
+            cur.execute(replay_sql(self.tables), (partition,))
+            for offset, timestamp, record_type, key, value in cur:
+                yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
+
+    def read_rows(self, partition: int, from_offset: int, end: int | None) -> Iterator[LogRecord]:
+        """Every record of `partition` at or above `from_offset` (below `end`)."""
+        with (
+            self.snapshot(f"reading state partition {partition}") as conn,
+            conn.cursor(name=f"read_{partition}") as cur,
+        ):
+            cur.itersize = FETCH_ROWS
+            cur.execute(
+                self.tables.sql(
+                    """SELECT "offset", "timestamp", record_type, key, value FROM {records}
+                           WHERE state_partition = %s AND "offset" >= %s
+                             AND "offset" < coalesce(%s, 9223372036854775807)
+                           ORDER BY "offset\""""
+                ),
+                (partition, from_offset, end),
+            )
+            for offset, timestamp, record_type, key, value in cur:
+                yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
+
+    def delete_below(self, partition: int, below: int) -> tuple[int, int]:
+        """Delete the records of `partition` below `below`, and the keys rows left
+        without records: (records deleted, their keys' and values' bytes)."""
+        with self.transaction(f"pruning state partition {partition}") as conn:
+            row = conn.execute(
+                self.tables.sql(
+                    """WITH gone AS (
+                               DELETE FROM {records}
+                               WHERE state_partition = %(p)s AND "offset" < %(below)s
+                               RETURNING octet_length(key) + coalesce(octet_length(value), 0)
+                                   AS size)
+                           SELECT count(*), coalesce(sum(size), 0) FROM gone"""
+                ),
+                {"p": partition, "below": below},
+            ).fetchone()
+            assert row is not None
+            deleted, size = int(row[0]), int(row[1])
+            if deleted:
+                conn.execute(
+                    self.tables.sql(
+                        """DELETE FROM {keys} k
+                               WHERE k.state_partition = %(p)s AND k.since < %(below)s
+                                 AND NOT EXISTS (
+                                   SELECT 1 FROM {records} r
+                                   WHERE r.state_partition = k.state_partition
+                                     AND r.key = k.key)"""
+                    ),
+                    {"p": partition, "below": below},
+                )
+        return deleted, size + ROW_OVERHEAD * deleted
+
+    def close(self) -> None:
+        for part in self._partitions:
+            part.close()
+        self._drop_commit_connection()
+        self.pool.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def replay_sql(tables: Tables) -> sql.Composed:
+    """A partition's records from each key's last snapshot on, in offset order: for each
+    key of sharecoord_keys, one range of the (state_partition, key, offset) index. The
+    OFFSET 0 keeps the planner from folding the per-key subquery into a join, which it
+    would answer by reading every record of the partition (a hash join over a sequential
+    scan) and filtering most of them out."""
+    return tables.sql(
+        """SELECT r."offset", r."timestamp", r.record_type, r.key, r.value
+           FROM {keys} k CROSS JOIN LATERAL (
+               SELECT * FROM {records} r
+               WHERE r.state_partition = k.state_partition AND r.key = k.key
+                 AND r."offset" >= k.since
+               OFFSET 0) r
+           WHERE k.state_partition = %s
+           ORDER BY r."offset\""""
+    )
+
+
+def _bytes(value: Any) -> bytes | None:
+    return None if value is None else bytes(value)
+
+
+if TYPE_CHECKING:
+
+    def _implements_the_seam(store: PostgresStore) -> StateStore[RowBatch]:
+        """mypy's check that this is a state store (persistence/store.py)."""
+        return store
