@@ -35,10 +35,10 @@ from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
 from server.config import WILDCARD_HOSTS, ServeConfig, advertised_host
-from server.connection import ApiAppRunner
-from server.http import COORDINATOR, create_app, direct_rpc_handler
-from server.kafka_auth import CredentialsError, KafkaAuth, load_credentials
-from server.kafka_listener import KafkaListener, bind_kafka_socket, start_kafka_listener
+from server.http.app import COORDINATOR, create_app, direct_rpc_handler
+from server.http.connection import ApiAppRunner
+from server.kafka.auth import CredentialsError, KafkaAuth, load_credentials
+from server.kafka.listener import KafkaListener, bind_kafka_socket, start_kafka_listener
 from server.logs import json_line, log_event
 from server.security import SecurityError, load_token, server_ssl_context
 

@@ -22,7 +22,7 @@ import yaml
 from hypothesis import HealthCheck, settings
 
 from server.config import load_serve_config
-from server.http import create_app
+from server.http.app import create_app
 from tests.server.daemons import REPO_ROOT, Daemon, start_daemon
 
 OPENAPI = REPO_ROOT / "openapi.yaml"

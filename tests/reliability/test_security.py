@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.config import load_serve_config
-from server.http import create_app
+from server.http.app import create_app
 from server.security import client_ssl_context
 from tests.reliability.raw_http import exchange, request_bytes
 from tests.server.daemons import MEDIA, TOPIC, Api, Daemon, body, encode, init_entry, start_daemon

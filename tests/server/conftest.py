@@ -21,7 +21,7 @@ from persistence import FileOps
 from server.cluster import ClusterMap
 from server.config import ServeConfig, load_serve_config
 from server.daemon import api_runner
-from server.http import COORDINATOR, Coordinator, create_app
+from server.http.app import COORDINATOR, Coordinator, create_app
 from tests.fullfs import full_disk  # noqa: F401
 from tests.server.daemons import FORMATS, Api, Daemon, start_daemon
 

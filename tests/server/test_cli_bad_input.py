@@ -1,7 +1,7 @@
 """Every error a user can cause is one line on stderr and exit 2 (usage) or 1 (the
 operation failed), found before anything expensive starts: no trace, no JVM, no daemon.
 
-Each row runs a real ``sharecoord`` process (``python -m server.cli``). Placeholders in
+Each row runs a real ``sharecoord`` process (``python -m server.commands.cli``). Placeholders in
 the arguments: ``{file}`` a regular file, ``{dir}`` a directory, ``{data}`` a valid data
 directory, ``{odd}`` a directory whose ``meta`` is a directory, ``{missing}`` a path
 that does not exist, ``{bad_toml}``, ``{latin1_toml}``,
@@ -506,10 +506,10 @@ def run(r: Row, places: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     if r.hide_modules:
         # None in sys.modules makes an import fail as if the package were not installed.
         hide = "; ".join(f"sys.modules[{m!r}] = None" for m in r.hide_modules)
-        head = [sys.executable, "-c", f"import sys; {hide}; from server.cli import main; "]
+        head = [sys.executable, "-c", f"import sys; {hide}; from server.commands.cli import main; "]
         head[-1] += "sys.exit(main())"
     else:
-        head = [sys.executable, "-m", "server.cli"]
+        head = [sys.executable, "-m", "server.commands.cli"]
     return subprocess.run(
         [*head, *(a.format(**places) for a in r.args)],
         env=env,

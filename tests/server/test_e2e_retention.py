@@ -17,7 +17,7 @@ import time
 
 import aiohttp
 
-from server.http import COORDINATOR
+from server.http.app import COORDINATOR
 from tests.server.daemons import TOPIC, Api, body, init_entry, partitions_in, read_entry
 
 NUM_PARTITIONS = 4

@@ -50,15 +50,15 @@ from protocol.records import ShareKey
 from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
 from protocol.widths import GroupId, Int32, TopicIdText
-from server.access_log import access_log_level, access_log_middleware
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
-from server.connection import ServerHandler
+from server.http.access_log import access_log_level, access_log_middleware
+from server.http.connection import ServerHandler
+from server.http.routes import Answer, Param, Route
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from server.metrics import CounterChild, ShareCoordinatorMetrics
 from server.offload import OFFLOAD_BODY_BYTES, Offload, watch_loop_lag
-from server.routes import Answer, Param, Route
 from server.runtime import PartitionRuntime, Status
 from server.security import check_bearer
 from server.service import CoordinatorService, JobIntervals, ServiceError
@@ -843,7 +843,7 @@ def direct_rpc_handler(app: web.Application, through_app: ServerHandler) -> Serv
 
 
 # --- routes ---------------------------------------------------------------------------
-# What create_app registers is what server.openapi documents: one table.
+# What create_app registers is what server.http.openapi documents: one table.
 
 
 def _rpc_route(rpc: Rpc, kafka_name: str, result: type[AnyPartitionResult]) -> Route:
@@ -996,7 +996,7 @@ def create_app(
         handler_args={"auto_decompress": False},
     )
     app[COORDINATOR] = coordinator
-    # The access log (server/access_log.py): first in the chain, absent when off.
+    # The access log (server/http/access_log.py): first in the chain, absent when off.
     if (access_log := access_log_middleware(config)) is not None:
         app.middlewares.insert(0, access_log)
     app.cleanup_ctx.append(coordinator_ctx)

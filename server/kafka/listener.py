@@ -52,9 +52,9 @@ from collections.abc import Coroutine
 from typing import Any, cast
 
 from server.config import ServeConfig, parse_listen
-from server.http import Coordinator
-from server.kafka_auth import KafkaAuth, SaslSession
-from server.kafka_handlers import CloseConnection, KafkaApi
+from server.http.app import Coordinator
+from server.kafka.auth import KafkaAuth, SaslSession
+from server.kafka.handlers import CloseConnection, KafkaApi
 from server.logs import ThrottledLog, log_event
 from server.metrics import ShareCoordinatorMetrics
 from server.service import InOrder

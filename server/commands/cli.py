@@ -17,7 +17,7 @@ from typing import Any, NoReturn
 
 from persistence import LogError, read_meta
 from protocol.sasl import DEFAULT_ITERATIONS
-from server import preflight
+from server.commands import preflight
 from server.config import (
     AUDIT_SETTINGS,
     COMPACT_SETTINGS,
@@ -299,7 +299,7 @@ def _add_scram_commands(subparsers: Any) -> None:
 
 def _scram_add(args: argparse.Namespace) -> int:
     from protocol.sasl import MAX_ITERATIONS, MIN_ITERATIONS
-    from server.kafka_auth import CredentialsError, add_user, load_credentials
+    from server.kafka.auth import CredentialsError, add_user, load_credentials
 
     if not args.user:
         raise ConfigError("--user must not be empty")
@@ -318,7 +318,7 @@ def _scram_add(args: argparse.Namespace) -> int:
 
 
 def _scram_remove(args: argparse.Namespace) -> int:
-    from server.kafka_auth import CredentialsError, remove_user
+    from server.kafka.auth import CredentialsError, remove_user
 
     _refuse(_credentials_file_problem(args.file))
     try:
