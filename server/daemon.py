@@ -25,21 +25,18 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 import uvloop
-from aiohttp import web
 
-from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError, StateLog
+from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
-from server.config import WILDCARD_HOSTS, ServeConfig, advertised_host
-from server.http.app import COORDINATOR, create_app, direct_rpc_handler
-from server.http.connection import ApiAppRunner
+from server.config import ServeConfig
+from server.http.transport import HttpTransport
 from server.kafka.auth import CredentialsError, KafkaAuth, load_credentials
 from server.kafka.listener import KafkaListener, bind_kafka_socket, start_kafka_listener
 from server.logs import json_line, log_event
+from server.node import Node
 from server.security import SecurityError, load_token, server_ssl_context
 
 _log = logging.getLogger("sharecoord.daemon")
@@ -79,9 +76,9 @@ def run_server(config: ServeConfig) -> int:
         # Fault injection for the reliability suite; never set in production.
         fs = FaultInjectingFileOps.from_env()
         _log.warning("fault injection enabled through %s", FAILPOINTS_ENV)
-    app = create_app(config, config.cluster_map, token=token, fs=fs)
+    node = Node(config, config.cluster_map, fs=fs)
     try:
-        return uvloop.run(_serve(app, config, ssl_context, kafka_auth))
+        return uvloop.run(_serve(node, token, ssl_context, kafka_auth))
     except (LogError, CatalogError, ListenError) as exc:
         # The data directory is locked by another process, was made for another
         # partition count or holds an unreadable topic catalog, or the address is taken:
@@ -104,44 +101,9 @@ def _fail(config: ServeConfig, message: str, code: int) -> int:
     return code
 
 
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
-
-
-class _InFlight:
-    """Counts the requests being handled, to say at shutdown how many were drained.
-
-    It wraps the server's request handler rather than being an app middleware: one
-    counter and one call frame per request, outside the app's middleware chain."""
-
-    def __init__(self) -> None:
-        self.active = 0
-        self.stopping = False
-        self.drained = 0
-        self.cut_off = 0
-
-    def wrap(self, handler: Handler) -> Handler:
-        async def counted(request: web.BaseRequest) -> web.StreamResponse:
-            self.active += 1
-            answered = False
-            try:
-                response = await handler(request)
-                answered = True
-                return response
-            finally:
-                self.active -= 1
-                if self.stopping:
-                    if answered:
-                        self.drained += 1
-                    else:  # cut waiting for its body, cancelled at the end of
-                        # --shutdown-timeout-s, or failed
-                        self.cut_off += 1
-
-        return counted
-
-
 async def _serve(
-    app: web.Application,
-    config: ServeConfig,
+    node: Node,
+    token: bytes | None,
     ssl_context: ssl.SSLContext | None,
     kafka_auth: KafkaAuth,
 ) -> int:
@@ -151,76 +113,68 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    config = node.config
     kafka_socket = _bind_kafka(config) if config.kafka_listener is not None else None
-    runner = api_runner(
-        app,
-        config,
-        handle_signals=False,
-        access_log=None,
-        shutdown_timeout=config.shutdown_timeout_s,
-        keepalive_timeout=config.request_timeout_s,
-    )
-    await runner.setup()
-    in_flight = _InFlight()
-    assert runner.server is not None  # setup() made it
-    runner.server.request_handler = in_flight.wrap(runner.server.request_handler)
-    kafka: KafkaListener | None = None
     try:
-        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
+        await node.start()
         try:
-            await site.start()
-        except OSError as exc:
-            raise ListenError(
-                f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
-            ) from exc
-        host, port = _bound_address(runner, config)
-        coordinator = app[COORDINATOR]
-        if config.cluster is None and config.advertised_listener is None and port != config.port:
-            # --listen with port 0: advertise the port actually bound (at the host the
-            # configuration chose: a wildcard listen host is advertised by name).
-            (alone,) = coordinator.cluster.nodes
-            coordinator.rebind(
-                ClusterMap.single(config.node_id, alone.host, port, config.partitions)
+            http = HttpTransport(node, token=token)
+            node.serves(http)
+            try:
+                await http.start(config.host, config.port, ssl_context)
+            except OSError as exc:
+                raise ListenError(
+                    f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+                ) from exc
+            host, port = http.address() or (config.host, config.port)
+            if (
+                config.cluster is None
+                and config.advertised_listener is None
+                and port != config.port
+            ):
+                # --listen with port 0: advertise the port actually bound (at the host the
+                # configuration chose: a wildcard listen host is advertised by name).
+                (alone,) = node.cluster.nodes
+                node.rebind(ClusterMap.single(config.node_id, alone.host, port, config.partitions))
+            if kafka_socket is not None:
+                kafka = await _start_kafka(node, ssl_context, kafka_auth, kafka_socket)
+                node.serves(kafka)
+            scheme = "https" if ssl_context else "http"
+            url = f"{scheme}://{host}:{port}"
+            log_event(_log, "info", "listening", url=url)
+            if config.log_format == "json":
+                print(json_line(_log.name, "info", "listening", url=url, host=host, port=port))
+            else:
+                print(f"sharecoord listening on {url}")
+            sys.stdout.flush()
+            _settle_garbage_collector()
+            await stop.wait()
+            # No waiting, within the shutdown timeout, for bodies that may never come.
+            bodies_cut = http.stop_reading_bodies()
+            log_event(
+                _log,
+                "info",
+                "stopping: no new connections; finishing the requests in flight",
+                in_flight=node.in_flight,
+                bodies_cut=bodies_cut,
             )
-        if kafka_socket is not None:
-            kafka = await _start_kafka(app, config, ssl_context, kafka_auth, kafka_socket)
-        scheme = "https" if ssl_context else "http"
-        url = f"{scheme}://{host}:{port}"
-        log_event(_log, "info", "listening", url=url)
-        if config.log_format == "json":
-            print(json_line(_log.name, "info", "listening", url=url, host=host, port=port))
-        else:
-            print(f"sharecoord listening on {url}")
-        sys.stdout.flush()
-        _settle_garbage_collector()
-        await stop.wait()
-        in_flight.stopping = True
-        # No waiting, within the shutdown timeout, for bodies that may never come.
-        bodies_cut = coordinator.stop_reading_bodies()
-        log_event(
-            _log,
-            "info",
-            "stopping: no new connections; finishing the requests in flight",
-            in_flight=in_flight.active + (kafka.in_flight if kafka else 0),
-            bodies_cut=bodies_cut,
-        )
+        finally:
+            # The Kafka listener first, then HTTP: the requests in flight need the log open.
+            drained = await node.drain()
+            await node.stop()
     finally:
-        if kafka is not None:
-            # Before the app's cleanup: the Kafka requests in flight need the log open.
-            drained, cut_off = await kafka.stop(config.shutdown_timeout_s)
-            in_flight.drained += drained
-            in_flight.cut_off += cut_off
-        await runner.cleanup()
-    # The cleanup context ran the final commit and closed the log; what it left behind
-    # says whether that commit covered everything.
-    not_durable = _not_durable(app[COORDINATOR].log)
+        if kafka_socket is not None:
+            kafka_socket.close()  # if the listener never took it
+    # The final commit is done and the log closed; what it left behind says whether
+    # that commit covered everything.
+    not_durable = node.not_durable()
     if not_durable:
         log_event(
             _log,
             "warning",
             "stopped; the final commit left records that are not durable",
-            drained=in_flight.drained,
-            cut_off=in_flight.cut_off,
+            drained=drained.drained,
+            cut_off=drained.cut_off,
             final_commit="incomplete",
             partitions=not_durable,
         )
@@ -229,19 +183,11 @@ async def _serve(
             _log,
             "info",
             "stopped",
-            drained=in_flight.drained,
-            cut_off=in_flight.cut_off,
+            drained=drained.drained,
+            cut_off=drained.cut_off,
             final_commit="done",
         )
     return EXIT_OK
-
-
-def api_runner(app: web.Application, config: ServeConfig, **kwargs: Any) -> ApiAppRunner:
-    """The runner `serve` serves the app with (its connection handling, the RPCs' direct
-    route); the tests' in-process server uses it too, so they see what `serve` does."""
-    return ApiAppRunner(
-        app, request_timeout_s=config.request_timeout_s, route=direct_rpc_handler, **kwargs
-    )
 
 
 # Objects the collector lets accumulate before a young collection (CPython's default is
@@ -304,38 +250,17 @@ def _bind_kafka(config: ServeConfig) -> socket.socket:
 
 
 async def _start_kafka(
-    app: web.Application,
-    config: ServeConfig,
+    node: Node,
     ssl_context: ssl.SSLContext | None,
     auth: KafkaAuth,
     sock: socket.socket,
 ) -> KafkaListener:
     """Serve Kafka's protocol and say where, before the HTTP "listening" line."""
-    kafka, host, port = await start_kafka_listener(
-        app[COORDINATOR], config, ssl_context, auth, sock
-    )
-    if config.cluster is None and host in WILDCARD_HOSTS:
-        # Its FindCoordinator names this node at the bound address, which a wildcard
-        # is not: the advertised host stands in, with the Kafka listener's port.
-        kafka.api.advertised = (advertised_host(config.advertised_listener), port)
+    kafka, host, port = await start_kafka_listener(node, ssl_context, auth, sock)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     log_event(_log, "info", "kafka listening", address=address, tls=ssl_context is not None)
-    if config.log_format == "json":
+    if node.config.log_format == "json":
         print(json_line(_log.name, "info", "kafka listening", host=host, port=port))
     else:
         print(f"sharecoord kafka listener on {address}")
     return kafka
-
-
-def _not_durable(log: StateLog | None) -> list[int]:
-    """The state partitions whose log ends past its last fsync (only a failed one can)."""
-    if log is None:
-        return []
-    return [p.partition for p in log.partitions if p.durable_end_offset < p.log_end_offset]
-
-
-def _bound_address(runner: web.AppRunner, config: ServeConfig) -> tuple[str, int]:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return str(address[0]), int(address[1])
-    return config.host, config.port

@@ -1,4 +1,4 @@
-"""The HTTP edge (docs/api.md): aiohttp handlers, middlewares and the app's lifecycle.
+"""The HTTP edge (docs/api.md): aiohttp handlers and middlewares over a ``server.node.Node``.
 
 Bodies are decoded here (``protocol.codec``): a malformed body stops at this edge with
 400 / INVALID_REQUEST naming the field, and nothing reaches the state. Every non-200
@@ -14,15 +14,13 @@ import logging
 import re
 import time
 import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from aiohttp import StreamReader, web
 
-from persistence import FileOps, GroupCommitter, StateLog
-from persistence.room import RoomWatch
 from protocol import codec, errors
 from protocol.codec import BodyError, Format
 from protocol.explain import text_problem
@@ -47,60 +45,33 @@ from protocol.messages import (
     TopicRegistration,
 )
 from protocol.records import ShareKey
-from protocol.shard import ShardConfig
 from protocol.topic_id import canonical_topic_id
 from protocol.widths import GroupId, Int32, TopicIdText
-from server.catalog import TopicCatalog
-from server.cluster import ClusterMap, format_partitions
-from server.config import ServeConfig
 from server.http.access_log import access_log_level, access_log_middleware
 from server.http.connection import ServerHandler
 from server.http.routes import Answer, Param, Route
 from server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from server.metrics import CounterChild, ShareCoordinatorMetrics
-from server.offload import OFFLOAD_BODY_BYTES, Offload, watch_loop_lag
-from server.runtime import PartitionRuntime, Status
+from server.node import Node
+from server.offload import OFFLOAD_BODY_BYTES
 from server.security import check_bearer
-from server.service import CoordinatorService, JobIntervals, ServiceError
+from server.service import ServiceError
 
 _log = logging.getLogger("sharecoord.http")
 
 CONTENT_TYPES = {Format.MSGPACK: "application/msgpack", Format.JSON: "application/json"}
-# Partitions loaded at once: loading is CPU-bound under the GIL, two keep the disk busy.
-LOAD_CONCURRENCY = 2
 
 
 @dataclass
-class Coordinator:
-    """What the app's lifecycle builds and the handlers use."""
+class Edge:
+    """What the handlers share: the node they serve, the bearer token, and the bodies
+    still arriving."""
 
-    config: ServeConfig
-    cluster: ClusterMap
+    node: Node
     token: bytes | None
-    fs: FileOps | None
-    metrics: ShareCoordinatorMetrics = field(default_factory=ShareCoordinatorMetrics)
-    service: CoordinatorService | None = None
-    log: StateLog | None = None
-    started_at: float = field(default_factory=time.monotonic)
-    offload: Offload = field(default_factory=Offload)
     # The bodies of the requests waiting for the rest of them, and whether the daemon
     # stopped reading bodies (stop_reading_bodies).
     reading_bodies: set[StreamReader] = field(default_factory=set)
     stopped_reading: bool = False
-
-    @property
-    def limits(self) -> codec.Limits:
-        return codec.Limits(
-            max_entries_per_request=self.config.max_entries_per_request,
-            max_state_batches_per_entry=self.config.max_state_batches_per_entry,
-            max_group_id_bytes=self.config.max_group_id_bytes,
-        )
-
-    def rebind(self, cluster: ClusterMap) -> None:
-        """Advertise another address for this node (the port bound for --listen :0)."""
-        self.cluster = cluster
-        if self.service is not None:
-            self.service.cluster = cluster
 
     def stop_reading_bodies(self) -> int:
         """At SIGTERM: cut every request still waiting for its body, and every one that
@@ -113,13 +84,8 @@ class Coordinator:
             body.set_exception(asyncio.CancelledError())
         return len(self.reading_bodies)
 
-    def require_service(self) -> CoordinatorService:
-        if self.service is None:  # pragma: no cover - handlers run after startup
-            raise web.HTTPServiceUnavailable()
-        return self.service
 
-
-COORDINATOR = web.AppKey("coordinator", Coordinator)
+EDGE = web.AppKey("edge", Edge)
 RequestHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 # path -> handler of the five share-group-state RPCs, as create_app registered them
 RPC_HANDLERS = web.AppKey("rpc_handlers", dict[str, RequestHandler])
@@ -164,12 +130,12 @@ async def errors_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Every answer that is not ours already gets the API's error body."""
-    return await _answered(request, request.app[COORDINATOR], handler)
+    return await _answered(request, request.app[EDGE], handler)
 
 
 async def _answered(
     request: web.Request,
-    coordinator: Coordinator,
+    edge: Edge,
     handler: Callable[[web.Request], Awaitable[web.StreamResponse]],
 ) -> web.StreamResponse:
     """The handler's answer, or the API's error body for what it raised, sent here
@@ -198,8 +164,8 @@ async def _answered(
             _answer_format(request),
         )
     if response.status >= 400:
-        coordinator.metrics.http_errors.labels(response.status).inc()
-    await _deliver(request, response, coordinator.config.request_timeout_s)
+        edge.node.metrics.http_errors.labels(response.status).inc()
+    await _deliver(request, response, edge.node.config.request_timeout_s)
     return response
 
 
@@ -261,15 +227,15 @@ def _describe_http_error(request: web.Request, exc: web.HTTPException) -> str:
 async def auth_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    refusal = _unauthorized(request, request.app[COORDINATOR])
+    refusal = _unauthorized(request, request.app[EDGE])
     if refusal is not None:
         return refusal
     return await handler(request)
 
 
-def _unauthorized(request: web.Request, coordinator: Coordinator) -> web.Response | None:
+def _unauthorized(request: web.Request, edge: Edge) -> web.Response | None:
     """The 401 for a /v1/ request without the right bearer token, or None."""
-    token = coordinator.token
+    token = edge.token
     if (
         token is None
         or not request.path.startswith("/v1/")
@@ -278,7 +244,7 @@ def _unauthorized(request: web.Request, coordinator: Coordinator) -> web.Respons
         return None
     rpc_name = _RPC_PATHS.get(request.path)
     if rpc_name is not None:
-        coordinator.metrics.rpc_requests.labels(rpc_name, errors.CLUSTER_AUTHORIZATION_FAILED).inc()
+        edge.node.metrics.rpc_requests.labels(rpc_name, errors.CLUSTER_AUTHORIZATION_FAILED).inc()
     return error_response(
         401,
         errors.CLUSTER_AUTHORIZATION_FAILED,
@@ -291,10 +257,10 @@ def _unauthorized(request: web.Request, coordinator: Coordinator) -> web.Respons
 
 
 async def _read_body(
-    request: web.Request, coordinator: Coordinator
+    request: web.Request, edge: Edge
 ) -> tuple[bytes, Format, Format]:
     """The body and its format, and the answer's format; 415 / 413 as docs/api.md says."""
-    config = coordinator.config
+    config = edge.node.config
     content_type = request.headers.get("Content-Type")
     fmt = codec.format_of(content_type)
     if fmt is None:
@@ -322,7 +288,7 @@ async def _read_body(
         if request.content.is_eof():
             body = await request.read()  # all there already: no deadline needed
         else:
-            body = await _read_the_rest(request, coordinator, timeout)
+            body = await _read_the_rest(request, edge, timeout)
     except web.HTTPRequestEntityTooLarge:
         raise _HTTPError(413, errors.INVALID_REQUEST, _too_large(limit), out) from None
     except web.RequestPayloadError as exc:
@@ -362,13 +328,13 @@ async def _read_body(
     return body, fmt, out
 
 
-async def _read_the_rest(request: web.Request, coordinator: Coordinator, timeout: float) -> bytes:
+async def _read_the_rest(request: web.Request, edge: Edge, timeout: float) -> bytes:
     """A body still arriving: within the request timeout (a client that stops sending
     must not hold the connection and this handler forever; aiohttp itself only times out
     idle keep-alive connections), and not past SIGTERM (``stop_reading_bodies``)."""
-    if coordinator.stopped_reading:
+    if edge.stopped_reading:
         raise asyncio.CancelledError()  # as stop_reading_bodies cuts those it found
-    reading = coordinator.reading_bodies
+    reading = edge.reading_bodies
     reading.add(request.content)
     try:
         return await asyncio.wait_for(request.read(), timeout)
@@ -421,27 +387,27 @@ _RPC_PATHS = {f"/v1/share-group-state/{rpc.value}": rpc.value for rpc in Rpc}
 
 
 def _rpc_handler(
-    rpc: Rpc, coordinator: Coordinator
+    rpc: Rpc, edge: Edge
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     name = rpc.value
     # The metric children this route touches, looked up once.
-    metrics = coordinator.metrics
+    metrics = edge.node.metrics
     answered = metrics.rpc_requests.labels(name, "ok")
     refused = metrics.rpc_requests.labels(name, errors.INVALID_REQUEST)
     latency = metrics.rpc_latency.labels(name)
-    limits = coordinator.limits
+    limits = edge.node.limits
 
     @_handles_http_errors
     async def handle_rpc(request: web.Request) -> web.StreamResponse:
         started = time.perf_counter()
         try:
-            body, fmt, out = await _read_body(request, coordinator)
+            body, fmt, out = await _read_body(request, edge)
         except _HTTPError:  # 413 / 415: refused bodies, as a 400 is
             refused.inc()
             raise
         try:
             if len(body) > OFFLOAD_BODY_BYTES:
-                decoded = await coordinator.offload(
+                decoded = await edge.node.offload(
                     functools.partial(codec.decode_request, rpc, body, fmt, limits)
                 )
             else:
@@ -449,7 +415,7 @@ def _rpc_handler(
         except BodyError as exc:
             refused.inc()
             return error_response(400, errors.INVALID_REQUEST, str(exc), out)
-        response = await coordinator.require_service().handle(rpc, decoded)
+        response = await edge.node.service.handle(rpc, decoded)
         encoded = codec.encode_response(response, out)
         answered.inc()
         latency.observe(time.perf_counter() - started)
@@ -461,28 +427,28 @@ def _rpc_handler(
 
 @_handles_http_errors
 async def handle_find_coordinator(request: web.Request) -> web.StreamResponse:
-    coordinator = request.app[COORDINATOR]
-    body, fmt, out = await _read_body(request, coordinator)
+    edge = request.app[EDGE]
+    body, fmt, out = await _read_body(request, edge)
     try:
-        decoded = codec.decode_find_coordinator(body, fmt, coordinator.limits)
+        decoded = codec.decode_find_coordinator(body, fmt, edge.node.limits)
     except BodyError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), out)
-    response = coordinator.require_service().find_coordinator(decoded)
+    response = edge.node.service.find_coordinator(decoded)
     return _respond(codec.encode_find_coordinator_response(response, out), out)
 
 
 async def handle_admin_state(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
     query = request.query
-    coordinator = request.app[COORDINATOR]
+    edge = request.app[EDGE]
     try:
-        group_id = _query_group_id(request, coordinator.limits)
+        group_id = _query_group_id(request, edge.node.limits)
         spelled = _query_str(query, "topic_id")
         topic_id = _query_topic_id(spelled)
         partition = _query_int32(query, "partition")
     except ValueError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), fmt)
-    service = coordinator.require_service()
+    service = edge.node.service
     try:
         state = await service.admin_state(ShareKey(group_id, topic_id, partition))
     except ServiceError as exc:
@@ -554,12 +520,12 @@ def _query_int32(query: Any, name: str) -> int:
 
 @_handles_http_errors
 async def handle_register_topic(request: web.Request) -> web.StreamResponse:
-    body, fmt, out = await _read_body(request, request.app[COORDINATOR])
+    body, fmt, out = await _read_body(request, request.app[EDGE])
     try:
         _, topic_id, partition_count = codec.decode_topic_registration(body, fmt)
     except BodyError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), out)
-    service = request.app[COORDINATOR].require_service()
+    service = request.app[EDGE].node.service
     try:
         await service.register_topic(topic_id, partition_count)
     except ServiceError as exc:
@@ -573,7 +539,7 @@ async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
         topic_id = canonical_topic_id(request.match_info["topic_id"])
     except ValueError as exc:
         return error_response(400, errors.INVALID_REQUEST, f"topic_id: {exc}", fmt)
-    service = request.app[COORDINATOR].require_service()
+    service = request.app[EDGE].node.service
     try:
         deleted = await service.delete_topic(topic_id)
     except ServiceError as exc:
@@ -583,13 +549,13 @@ async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
 
 async def handle_commit_compaction(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
-    committed, stale = await request.app[COORDINATOR].require_service().commit_compaction()
+    committed, stale = await request.app[EDGE].node.service.commit_compaction()
     return _respond(codec.encode(CompactionCommitted(committed, stale), fmt), fmt)
 
 
 async def handle_partitions(request: web.Request) -> web.StreamResponse:
     fmt = _accept_format(request)
-    service = request.app[COORDINATOR].require_service()
+    service = request.app[EDGE].node.service
     return _respond(codec.encode(PartitionStatuses(service.partition_statuses()), fmt), fmt)
 
 
@@ -610,10 +576,9 @@ class ReadinessReport(Readiness):
 
 
 async def handle_readyz(request: web.Request) -> web.StreamResponse:
-    coordinator = request.app[COORDINATOR]
-    service = coordinator.service
-    loading = service is None or service.loading()
-    failures = [] if service is None else service.failures()
+    node = request.app[EDGE].node
+    loading = node.loading()
+    failures = node.failures()
     report = ReadinessReport(
         "loading" if loading else "ready",
         [partition for partition, _ in failures],
@@ -627,188 +592,8 @@ async def handle_readyz(request: web.Request) -> web.StreamResponse:
 
 
 async def handle_metrics(request: web.Request) -> web.StreamResponse:
-    text = request.app[COORDINATOR].metrics.render()
+    text = request.app[EDGE].node.metrics.render()
     return web.Response(body=text.encode("utf-8"), headers={"Content-Type": METRICS_CONTENT_TYPE})
-
-
-# --- lifecycle ------------------------------------------------------------------------
-
-
-async def coordinator_ctx(app: web.Application) -> AsyncIterator[None]:
-    """Open the log, start the group commit, load the partitions in the background,
-    start the periodic jobs; on the way out, after the server stopped taking requests
-    and finished the ones in flight: stop the jobs, commit what is left, close the log."""
-    coordinator = app[COORDINATOR]
-    config = coordinator.config
-    log = await asyncio.to_thread(
-        StateLog.open,
-        config.data_dir,
-        config.partitions,
-        segment_bytes=config.segment_bytes,
-        journal_segment_bytes=config.journal_segment_bytes,
-        fs=coordinator.fs,
-        # Only what this node owns and may serve (docs/operations.md#moving-a-state-partition).
-        assignment=coordinator.cluster.assignment(config.node_id),
-        # A full disk stops writes, not the start (docs/operations.md#a-full-disk).
-        full_disk_ok=True,
-    )
-    coordinator.log = log
-    try:
-        catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir, coordinator.fs)
-        owned = sorted(coordinator.cluster.owned_by(config.node_id))
-        shard_config = ShardConfig(
-            records_per_snapshot=config.snapshot_update_records_per_snapshot,
-            cold_partition_snapshot_interval_ms=config.cold_partition_snapshot_interval_ms,
-            max_state_batches=config.max_state_batches_per_share_partition,
-        )
-        runtimes: dict[int, PartitionRuntime] = {}
-        metrics = coordinator.metrics
-        room = RoomWatch(log.fs, config.data_dir)
-
-        def partition_failed(partition: int, cause: BaseException) -> None:
-            runtime = runtimes.get(partition)
-            if runtime is not None:
-                runtime.on_durability_failure(cause)
-
-        def disk_full(cause: BaseException | None) -> None:
-            for runtime in runtimes.values():
-                runtime.journal_full(cause)
-
-        committer = GroupCommitter(
-            log,
-            on_partition_failure=partition_failed,
-            linger_ms=config.append_linger_ms,
-            on_cycle=_cycle_recorder(metrics),
-            on_checkpoint=lambda seconds, _: metrics.checkpoint_duration.observe(seconds),
-            checkpoint_interval_ms=config.journal_checkpoint_interval_ms,
-            checkpoint_bytes=config.journal_checkpoint_bytes,
-            journal_max_bytes=config.journal_max_bytes,
-            on_disk_full=disk_full,
-            room=room,
-        )
-        metrics.journal_bytes.set_function(lambda: committer.journal_bytes)
-        for partition in owned:
-            runtimes[partition] = PartitionRuntime(
-                partition,
-                log.partition(partition),
-                shard_config,
-                metadata=catalog if config.topic_catalog else None,
-                metrics=metrics,
-                exclusive=committer.run_exclusive,
-                room=room,
-                before_serving=committer.prepared,
-                offload=coordinator.offload,
-            )
-            _track(metrics, runtimes[partition])
-        metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))
-        service = CoordinatorService(
-            runtimes=runtimes,
-            committer=committer,
-            cluster=coordinator.cluster,
-            node_id=config.node_id,
-            catalog=catalog,
-            write_timeout_ms=config.write_timeout_ms,
-            intervals=JobIntervals(
-                prune_ms=config.prune_interval_ms,
-                cold_snapshot_ms=config.cold_partition_snapshot_interval_ms,
-                compaction_commit_ms=config.compaction_commit_interval_ms,
-                state_retention_ms=config.state_retention_ms,
-            ),
-            on_entry_results=_results_recorder(metrics),
-            on_pruned=lambda partition, mark: metrics.last_pruned_offset.labels(partition).set(
-                mark
-            ),
-        )
-        coordinator.service = service
-        committer.start()
-        loading = asyncio.get_running_loop().create_task(_load_all(runtimes, service), name="load")
-        watching = asyncio.get_running_loop().create_task(
-            watch_loop_lag(metrics.event_loop_lag.labels()), name="loop-lag"
-        )
-        service.start_jobs()
-        _log.info(
-            "serving state partitions %s of %d from %s",
-            format_partitions(owned) or "none",
-            config.partitions,
-            config.data_dir,
-        )
-        try:
-            yield
-        finally:
-            for runtime in runtimes.values():
-                runtime.stop()  # replays in threads end now, not when the log does
-            loading.cancel()
-            watching.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loading
-            with contextlib.suppress(asyncio.CancelledError):
-                await watching
-            await service.stop_jobs()
-            for runtime in runtimes.values():
-                await runtime.close()
-            await asyncio.to_thread(coordinator.offload.close)
-            await committer.close()
-    finally:
-        await asyncio.to_thread(log.close)
-        _log.info("state log closed")
-
-
-def _results_recorder(metrics: ShareCoordinatorMetrics) -> Callable[[Rpc, dict[int, int]], None]:
-    results = metrics.partition_results
-    children: dict[tuple[Rpc, int], CounterChild] = {}  # a few RPCs times a few codes
-
-    def record(rpc: Rpc, codes: dict[int, int]) -> None:
-        for code, count in codes.items():
-            child = children.get((rpc, code))
-            if child is None:
-                child = children[rpc, code] = results.labels(rpc.value, code)
-            child.inc(count)
-
-    return record
-
-
-def _cycle_recorder(metrics: ShareCoordinatorMetrics) -> Callable[[int, list[float]], None]:
-    partitions = metrics.group_commit_partitions
-    fsync = metrics.fsync_latency
-
-    def record(count: int, durations: list[float]) -> None:
-        partitions.observe(count)
-        for seconds in durations:
-            fsync.observe(seconds)
-
-    return record
-
-
-def _track(metrics: ShareCoordinatorMetrics, runtime: PartitionRuntime) -> None:
-    log = runtime.log
-    metrics.track_partition(
-        runtime.partition,
-        status=lambda: runtime.status.value,
-        keys=lambda: len(runtime.shard),
-        log_start_offset=lambda: log.log_start_offset,
-        log_end_offset=lambda: log.log_end_offset,
-        segments=lambda: len(log.segments),
-        size_bytes=lambda: log.size_bytes,
-    )
-
-
-async def _load_all(runtimes: dict[int, PartitionRuntime], service: CoordinatorService) -> None:
-    started = time.perf_counter()
-    gate = asyncio.Semaphore(LOAD_CONCURRENCY)
-
-    async def load(runtime: PartitionRuntime) -> None:
-        async with gate:
-            await runtime.load()
-
-    await asyncio.gather(*(load(r) for r in runtimes.values()))
-    failed = [p for p, r in runtimes.items() if r.status is Status.FAILED]
-    _log.info(
-        "loaded %d state partitions in %.2fs%s",
-        len(runtimes),
-        time.perf_counter() - started,
-        f"; failed: {failed} (they answer 15, the rest serve)" if failed else "",
-    )
-    await service.after_load()
 
 
 def direct_rpc_handler(app: web.Application, through_app: ServerHandler) -> ServerHandler:
@@ -819,11 +604,11 @@ def direct_rpc_handler(app: web.Application, through_app: ServerHandler) -> Serv
     of a small write's CPU (bench.ceiling against a bare aiohttp server), for routes
     that are fixed. With the access log on, everything goes through the app, so that
     every request is logged."""
-    coordinator = app[COORDINATOR]
-    if access_log_level(coordinator.config) is not None:
+    edge = app[EDGE]
+    if access_log_level(edge.node.config) is not None:
         return through_app
     handlers = app[RPC_HANDLERS]
-    checks_token = coordinator.token is not None
+    checks_token = edge.token is not None
 
     async def handle(request: web.BaseRequest) -> web.StreamResponse:
         handler = handlers.get(request.path) if request.method == "POST" else None
@@ -832,12 +617,12 @@ def direct_rpc_handler(app: web.Application, through_app: ServerHandler) -> Serv
             return await through_app(request)
         assert isinstance(request, web.Request)  # the app's request factory made it
         if checks_token:
-            refusal = _unauthorized(request, coordinator)
+            refusal = _unauthorized(request, edge)
             if refusal is not None:
-                coordinator.metrics.http_errors.labels(refusal.status).inc()
-                await _deliver(request, refusal, coordinator.config.request_timeout_s)
+                edge.node.metrics.http_errors.labels(refusal.status).inc()
+                await _deliver(request, refusal, edge.node.config.request_timeout_s)
                 return refusal
-        return await _answered(request, coordinator, handler)
+        return await _answered(request, edge, handler)
 
     return handle
 
@@ -978,14 +763,12 @@ ROUTES: tuple[Route, ...] = (
 )
 
 
-def create_app(
-    config: ServeConfig,
-    cluster: ClusterMap,
-    *,
-    token: bytes | None = None,
-    fs: FileOps | None = None,
-) -> web.Application:
-    coordinator = Coordinator(config, cluster, token, fs)
+def create_app(node: Node, *, token: bytes | None = None) -> web.Application:
+    """The app serving ``node``: the routes, the middlewares (the access log, the error
+    body, the bearer check when there is a ``token``). The node's lifecycle is not the
+    app's: whoever serves the app starts the node before and stops it after."""
+    config = node.config
+    edge = Edge(node, token)
     app = web.Application(
         client_max_size=config.max_body_bytes,
         # The bearer check runs only when there is a token to check.
@@ -995,15 +778,14 @@ def create_app(
         # an unread body it lingers over as an unhandled exception, with a trace).
         handler_args={"auto_decompress": False},
     )
-    app[COORDINATOR] = coordinator
+    app[EDGE] = edge
     # The access log (server/http/access_log.py): first in the chain, absent when off.
     if (access_log := access_log_middleware(config)) is not None:
         app.middlewares.insert(0, access_log)
-    app.cleanup_ctx.append(coordinator_ctx)
     app[RPC_HANDLERS] = {}
     for route in ROUTES:
         if isinstance(route.handler, Rpc):
-            handler = app[RPC_HANDLERS][route.path] = _rpc_handler(route.handler, coordinator)
+            handler = app[RPC_HANDLERS][route.path] = _rpc_handler(route.handler, edge)
         else:
             handler = route.handler
         if route.method == "GET":

@@ -51,12 +51,12 @@ import ssl
 from collections.abc import Coroutine
 from typing import Any, cast
 
-from server.config import ServeConfig, parse_listen
-from server.http.app import Coordinator
+from server.config import WILDCARD_HOSTS, advertised_host, parse_listen
 from server.kafka.auth import KafkaAuth, SaslSession
 from server.kafka.handlers import CloseConnection, KafkaApi
 from server.logs import ThrottledLog, log_event
 from server.metrics import ShareCoordinatorMetrics
+from server.node import Drained, Node
 from server.service import InOrder
 
 _log = logging.getLogger("sharecoord.kafka")
@@ -377,6 +377,7 @@ class KafkaListener:
         timeout: float,
         ssl_context: ssl.SSLContext | None,
         max_connections: int,
+        shutdown_timeout: float,
     ) -> None:
         self.api = api
         self.metrics = metrics
@@ -384,6 +385,7 @@ class KafkaListener:
         self.timeout = timeout
         self.ssl_context = ssl_context
         self.max_connections = max_connections
+        self.shutdown_timeout = shutdown_timeout
         self.connections: set[KafkaConnection] = set()
         self.in_flight = 0
         self.stopping = False
@@ -446,9 +448,10 @@ class KafkaListener:
         self.api.advertised = (str(bound[0]), int(bound[1]))
         return self.api.advertised
 
-    async def stop(self, timeout: float) -> tuple[int, int]:
+    async def stop(self) -> Drained:
         """Stop accepting and reading, wait for the answers in flight (at most
-        ``timeout`` seconds), close every connection. Returns (drained, cut off)."""
+        ``--shutdown-timeout-s``), close every connection."""
+        timeout = self.shutdown_timeout
         self.stopping = True
         if self._server is not None:
             self._server.close()
@@ -473,7 +476,7 @@ class KafkaListener:
         self.closes.close()
         if self._server is not None:
             await self._server.wait_closed()
-        return self.drained, cut_off
+        return Drained(self.drained, cut_off)
 
 
 def _address(peer: Any) -> str:
@@ -493,31 +496,36 @@ def bind_kafka_socket(address: str) -> socket.socket:
 
 
 async def start_kafka_listener(
-    coordinator: Coordinator,
-    config: ServeConfig,
+    node: Node,
     ssl_context: ssl.SSLContext | None,
     auth: KafkaAuth,
     sock: socket.socket,
 ) -> tuple[KafkaListener, str, int]:
-    """Build the listener on the app's coordinator and serve on ``sock``; returns it
-    with the bound host and port."""
+    """Build the listener over ``node`` and serve on ``sock``; returns it with the bound
+    host and port."""
+    config = node.config
     api = KafkaApi(
-        coordinator.require_service,
-        lambda: coordinator.cluster,
-        coordinator.metrics,
-        coordinator.limits,
+        lambda: node.service,
+        lambda: node.cluster,
+        node.metrics,
+        node.limits,
         auth,
         config.node_id,
         single_node=config.cluster is None,
-        offload=coordinator.offload,
+        offload=node.offload,
     )
     listener = KafkaListener(
         api,
-        coordinator.metrics,
+        node.metrics,
         max_frame=config.max_body_bytes,
         timeout=config.request_timeout_s,
         ssl_context=ssl_context,
         max_connections=config.kafka_max_connections,
+        shutdown_timeout=config.shutdown_timeout_s,
     )
     bound_host, bound_port = await listener.start(sock)
+    if config.cluster is None and bound_host in WILDCARD_HOSTS:
+        # Its FindCoordinator names this node at the bound address, which a wildcard
+        # is not: the advertised host stands in, with the Kafka listener's port.
+        api.advertised = (advertised_host(config.advertised_listener), bound_port)
     return listener, bound_host, bound_port

@@ -26,6 +26,7 @@ import pytest
 from server.config import load_serve_config
 from server.http.access_log import access_log_middleware
 from server.http.app import create_app
+from server.node import Node
 from tests.server.daemons import (
     REPO_ROOT,
     START_TIMEOUT_S,
@@ -206,7 +207,7 @@ async def test_without_the_flag_access_lines_come_at_debug_only(
 
 def app_middlewares(**flags: str) -> list[Any]:
     config = load_serve_config(argparse.Namespace(data_dir="unused", **flags), {})
-    return list(create_app(config, config.cluster_map).middlewares)
+    return list(create_app(Node(config, config.cluster_map)).middlewares)
 
 
 def test_the_access_log_is_not_installed_when_off() -> None:
