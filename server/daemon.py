@@ -1,11 +1,16 @@
-"""``sharecoord serve``: run the HTTP server on uvloop until SIGTERM or SIGINT.
+"""``sharecoord serve``: one node (``server.node``) and its transports, HTTP and, with
+``--kafka-listener``, Kafka's protocol, on uvloop until SIGTERM or SIGINT.
+
+Start order: bind the listen addresses (the Kafka listener's, then HTTP's: an address in
+use is one line, exit 1, and nothing is made on disk), start the node (open the data
+directory; the partitions load in the background), serve HTTP and Kafka over it.
 
 Shutdown order: cut the HTTP requests still waiting for their body (they were never
-answered and may never come), stop listening, let the requests in flight finish (up to
-``shutdown_timeout_s``; the Kafka listener's first, then HTTP's), then the app's cleanup
-context stops the jobs, commits what is left and closes the log. Exit 0. The last line
-logged says how many requests were drained and whether the final commit made every
-appended record durable.
+answered and may never come), then the node's drain: each transport stops listening and
+lets its requests in flight finish (up to ``shutdown_timeout_s``; the Kafka listener's
+first, then HTTP's); then the node stops the jobs, commits what is left and closes the
+log. Exit 0. The last line logged says how many requests were drained and whether the
+final commit made every appended record durable.
 
 Once listening, it prints ``sharecoord listening on URL`` on stdout (tests and tools
 wait for that line); with ``--log-format json`` that line is a JSON record instead,
@@ -25,6 +30,7 @@ import signal
 import socket
 import ssl
 import sys
+from dataclasses import dataclass
 
 import uvloop
 
@@ -32,7 +38,7 @@ from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
 from server.config import ServeConfig
-from server.http.transport import HttpTransport
+from server.http.transport import HttpTransport, bind_sockets
 from server.kafka.auth import CredentialsError, KafkaAuth, load_credentials
 from server.kafka.listener import KafkaListener, bind_kafka_socket, start_kafka_listener
 from server.logs import json_line, log_event
@@ -76,13 +82,17 @@ def run_server(config: ServeConfig) -> int:
         # Fault injection for the reliability suite; never set in production.
         fs = FaultInjectingFileOps.from_env()
         _log.warning("fault injection enabled through %s", FAILPOINTS_ENV)
-    node = Node(config, config.cluster_map, fs=fs)
     try:
-        return uvloop.run(_serve(node, token, ssl_context, kafka_auth))
-    except (LogError, CatalogError, ListenError) as exc:
+        # Before anything is made on disk: an address in use leaves no data directory.
+        listeners = _bind(config)
+    except ListenError as exc:
+        return _fail(config, str(exc), EXIT_FAILURE)
+    node = Node(config, _advertised_cluster(config, listeners.http_port), fs=fs)
+    try:
+        return uvloop.run(_serve(node, listeners, token, ssl_context, kafka_auth))
+    except (LogError, CatalogError) as exc:
         # The data directory is locked by another process, was made for another
-        # partition count or holds an unreadable topic catalog, or the address is taken:
-        # say so plainly, no trace.
+        # partition count or holds an unreadable topic catalog: say so plainly, no trace.
         return _fail(config, str(exc), EXIT_FAILURE)
     except OSError as exc:
         # The data directory cannot be made or opened (permissions, a full or read-only
@@ -90,6 +100,8 @@ def run_server(config: ServeConfig) -> int:
         where = f"{exc.filename}: " if exc.filename is not None else ""
         problem = f"{where}{exc.strerror or exc}"
         return _fail(config, f"data directory {config.data_dir}: {problem}", EXIT_FAILURE)
+    finally:
+        listeners.close()
 
 
 def _fail(config: ServeConfig, message: str, code: int) -> int:
@@ -101,8 +113,53 @@ def _fail(config: ServeConfig, message: str, code: int) -> int:
     return code
 
 
+@dataclass
+class _Listeners:
+    """The sockets ``serve`` listens on, bound before the node starts."""
+
+    http: list[socket.socket]
+    kafka: socket.socket | None
+
+    @property
+    def http_port(self) -> int:
+        return int(self.http[0].getsockname()[1])
+
+    def close(self) -> None:
+        """Once served, the transports closed them (this is then a no-op); before, they
+        are closed here."""
+        for sock in [*self.http, *([self.kafka] if self.kafka else [])]:
+            sock.close()
+
+
+def _bind(config: ServeConfig) -> _Listeners:
+    """Bind the Kafka listener's address (if any), then HTTP's; ``ListenError`` names
+    the one that cannot be bound."""
+    kafka = _bind_kafka(config) if config.kafka_listener is not None else None
+    try:
+        http = bind_sockets(config.host, config.port)
+    except OSError as exc:
+        if kafka is not None:
+            kafka.close()
+        raise ListenError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+        ) from exc
+    return _Listeners(http, kafka)
+
+
+def _advertised_cluster(config: ServeConfig, port: int) -> ClusterMap:
+    """The cluster map, with a node alone on --listen with port 0 advertised at the port
+    actually bound (at the host the configuration chose: a wildcard listen host is
+    advertised by name)."""
+    cluster = config.cluster_map
+    if config.cluster is None and config.advertised_listener is None and port != config.port:
+        (alone,) = cluster.nodes
+        return ClusterMap.single(config.node_id, alone.host, port, config.partitions)
+    return cluster
+
+
 async def _serve(
     node: Node,
+    listeners: _Listeners,
     token: bytes | None,
     ssl_context: ssl.SSLContext | None,
     kafka_auth: KafkaAuth,
@@ -114,57 +171,38 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     config = node.config
-    kafka_socket = _bind_kafka(config) if config.kafka_listener is not None else None
+    await node.start()
     try:
-        await node.start()
-        try:
-            http = HttpTransport(node, token=token)
-            node.serves(http)
-            try:
-                await http.start(config.host, config.port, ssl_context)
-            except OSError as exc:
-                raise ListenError(
-                    f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
-                ) from exc
-            host, port = http.address() or (config.host, config.port)
-            if (
-                config.cluster is None
-                and config.advertised_listener is None
-                and port != config.port
-            ):
-                # --listen with port 0: advertise the port actually bound (at the host the
-                # configuration chose: a wildcard listen host is advertised by name).
-                (alone,) = node.cluster.nodes
-                node.rebind(ClusterMap.single(config.node_id, alone.host, port, config.partitions))
-            if kafka_socket is not None:
-                kafka = await _start_kafka(node, ssl_context, kafka_auth, kafka_socket)
-                node.serves(kafka)
-            scheme = "https" if ssl_context else "http"
-            url = f"{scheme}://{host}:{port}"
-            log_event(_log, "info", "listening", url=url)
-            if config.log_format == "json":
-                print(json_line(_log.name, "info", "listening", url=url, host=host, port=port))
-            else:
-                print(f"sharecoord listening on {url}")
-            sys.stdout.flush()
-            _settle_garbage_collector()
-            await stop.wait()
-            # No waiting, within the shutdown timeout, for bodies that may never come.
-            bodies_cut = http.stop_reading_bodies()
-            log_event(
-                _log,
-                "info",
-                "stopping: no new connections; finishing the requests in flight",
-                in_flight=node.in_flight,
-                bodies_cut=bodies_cut,
-            )
-        finally:
-            # The Kafka listener first, then HTTP: the requests in flight need the log open.
-            drained = await node.drain()
-            await node.stop()
+        http = HttpTransport(node, token=token)
+        node.serves(http)
+        await http.start(listeners.http, ssl_context)
+        if listeners.kafka is not None:
+            kafka = await _start_kafka(node, ssl_context, kafka_auth, listeners.kafka)
+            node.serves(kafka)
+        host, port = listeners.http[0].getsockname()[:2]
+        scheme = "https" if ssl_context else "http"
+        url = f"{scheme}://{host}:{port}"
+        log_event(_log, "info", "listening", url=url)
+        if config.log_format == "json":
+            print(json_line(_log.name, "info", "listening", url=url, host=host, port=port))
+        else:
+            print(f"sharecoord listening on {url}")
+        sys.stdout.flush()
+        _settle_garbage_collector()
+        await stop.wait()
+        # No waiting, within the shutdown timeout, for bodies that may never come.
+        bodies_cut = http.stop_reading_bodies()
+        log_event(
+            _log,
+            "info",
+            "stopping: no new connections; finishing the requests in flight",
+            in_flight=node.in_flight,
+            bodies_cut=bodies_cut,
+        )
     finally:
-        if kafka_socket is not None:
-            kafka_socket.close()  # if the listener never took it
+        # The Kafka listener first, then HTTP: the requests in flight need the log open.
+        drained = await node.drain()
+        await node.stop()
     # The final commit is done and the log closed; what it left behind says whether
     # that commit covered everything.
     not_durable = node.not_durable()

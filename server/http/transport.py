@@ -1,10 +1,11 @@
-"""The HTTP transport as ``serve`` runs it: the app served over a node with the
-connection handling of ``server.http.connection``, the requests in flight counted, and
-the drain at a stop (stop listening, finish the requests in flight within
-``--shutdown-timeout-s``)."""
+"""The HTTP transport as ``serve`` runs it: the listen address bound before the node
+starts, the app served over the node with the connection handling of
+``server.http.connection``, the requests in flight counted, and the drain at a stop
+(stop listening, finish the requests in flight within ``--shutdown-timeout-s``)."""
 
 from __future__ import annotations
 
+import socket
 import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,34 @@ from server.http.connection import ApiAppRunner
 from server.node import Drained, Node
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+# Connections the kernel completes before they are accepted (aiohttp's default).
+BACKLOG = 128
+
+
+def bind_sockets(host: str, port: int) -> list[socket.socket]:
+    """Bind and listen at ``--listen`` as the event loop's ``create_server`` would (every
+    address the host resolves to; SO_REUSEADDR; an IPv6 socket for IPv6 alone), but
+    before anything serves: ``serve`` binds first, so that an address in use is one line
+    and no data directory made. Connections made meanwhile wait in the backlog.
+    ``OSError`` if an address cannot be bound."""
+    infos = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            sock.bind(address)
+            sock.listen(BACKLOG)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
 
 
 def api_runner(app: web.Application, config: ServeConfig, **kwargs: Any) -> ApiAppRunner:
@@ -75,20 +104,16 @@ class HttpTransport:
         )
         self._counter = _InFlight()
 
-    async def start(self, host: str, port: int, ssl_context: ssl.SSLContext | None) -> None:
-        """Serve at ``host:port``; ``OSError`` if it cannot be bound."""
+    async def start(
+        self, sockets: list[socket.socket], ssl_context: ssl.SSLContext | None
+    ) -> None:
+        """Serve on the sockets ``bind_sockets`` bound."""
         runner = self._runner
         await runner.setup()
         assert runner.server is not None  # setup() made it
         runner.server.request_handler = self._counter.wrap(runner.server.request_handler)
-        await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
-
-    def address(self) -> tuple[str, int] | None:
-        """The host and port bound first, once serving."""
-        for address in self._runner.addresses:
-            if isinstance(address, tuple) and len(address) >= 2:
-                return str(address[0]), int(address[1])
-        return None
+        for sock in sockets:
+            await web.SockSite(runner, sock, ssl_context=ssl_context, backlog=BACKLOG).start()
 
     @property
     def in_flight(self) -> int:

@@ -578,3 +578,23 @@ def test_the_console_script_reports_the_same_version() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"sharecoord {importlib.metadata.version('sharecoord')}\n"
+
+
+@pytest.mark.parametrize(
+    "listen",
+    ["--listen 127.0.0.1:{silent}", "--listen 127.0.0.1:0 --kafka-listener 127.0.0.1:{silent}"],
+    ids=["http", "kafka"],
+)
+def test_a_taken_port_leaves_no_data_directory_behind(
+    listen: str, places: dict[str, str], tmp_path: Path
+) -> None:
+    """``serve`` binds its listen addresses before it makes or opens the data directory:
+    a port in use is one line and exit 1, and the directory it would have made is not
+    there (nor the log it would have loaded)."""
+    data_dir = tmp_path / "fresh"
+    done = run(row("taken", f"serve --data-dir {data_dir} {listen}", 1), places)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "cannot listen" in line and places["silent"] in line, line
+    assert not data_dir.exists()
