@@ -13,8 +13,9 @@ from typing import Any
 from aiohttp import web
 
 from server.config import ServeConfig
-from server.http.app import EDGE, create_app, direct_rpc_handler
+from server.http.app import create_app, direct_rpc_handler
 from server.http.connection import ApiAppRunner
+from server.http.edge import EDGE
 from server.node import Drained, Node
 
 Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]

@@ -20,7 +20,8 @@ from aiohttp.web_runner import BaseRunner
 from persistence import FileOps
 from server.cluster import ClusterMap
 from server.config import ServeConfig, load_serve_config
-from server.http.app import EDGE, Edge, create_app
+from server.http.app import create_app
+from server.http.edge import EDGE, Edge
 from server.http.transport import api_runner
 from server.node import Node
 from tests.fullfs import full_disk  # noqa: F401
