@@ -53,7 +53,7 @@ _NO_NODE = (-1, "", -1)
 
 class CloseConnection(Exception):
     """Kafka closes the connection here; ``reason`` labels the metric, the message is
-    logged at info with the peer, throttled (``server.kafka.listener``): it is the
+    logged at info with the peer, throttled (``server.kafka.connection``): it is the
     client's doing, not a bug. ``answer``, when set, is sent before closing (a failed
     authentication says why)."""
 
