@@ -10,8 +10,9 @@ are two ways into the same node, each an adapter over a started ``Node``;
    listen addresses first, so that a port in use leaves no data directory behind).
 2. ``start``: open the state store (the data directory is made if new), load the topic
    catalog, build the runtimes and the service, start the group commit and the
-   periodic jobs (pruning, cold snapshots, compaction commits, state retention,
-   unfinished topic deletions), and load the state partitions in the background.
+   periodic jobs (``server.jobs``: pruning, cold snapshots, compaction commits, state
+   retention, unfinished topic deletions), and load the state partitions in the
+   background.
 3. Ready: ``loading`` is true until every owned state partition loaded or failed and
    the topic deletions a stop left were finished; ``failures`` says which failed, why.
 4. ``drain``: each transport that ``serves`` the node, the last one first, stops
@@ -37,10 +38,11 @@ from protocol.shard import ShardConfig
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
+from server.jobs import JobIntervals, PeriodicJobs
 from server.metrics import CounterChild, ShareCoordinatorMetrics
 from server.offload import Offload, watch_loop_lag
 from server.runtime import PartitionRuntime, Status
-from server.service import CoordinatorService, JobIntervals
+from server.service import CoordinatorService
 from server.store import StateStore
 
 _log = logging.getLogger("sharecoord.node")
@@ -95,6 +97,7 @@ class Node:
         self.store: StateStore | None = None
         self.runtimes: dict[int, PartitionRuntime] = {}
         self._service: CoordinatorService | None = None
+        self._jobs: PeriodicJobs | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._transports: list[Transport] = []
         self._stopped = False
@@ -106,8 +109,10 @@ class Node:
         return self._service
 
     @property
-    def started(self) -> bool:
-        return self._service is not None
+    def jobs(self) -> PeriodicJobs:
+        if self._jobs is None:
+            raise NodeNotStarted("the node has not started")
+        return self._jobs
 
     def rebind(self, cluster: ClusterMap) -> None:
         """Advertise another address for this node (the port bound for --listen :0)."""
@@ -141,14 +146,15 @@ class Node:
             on_partition_failure=partition_failed,
             on_disk_full=disk_full,
         )
+        owned = sorted(self.cluster.owned_by(config.node_id))
         try:
             catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir, self.fs)
+            self._build(store, catalog, owned)
         except BaseException:
             await store.close()
+            _log.info("state log closed")
             raise
         self.store = store
-        owned = sorted(self.cluster.owned_by(config.node_id))
-        self._build(store, catalog, owned)
         service = self.service
         store.start()
         loop = asyncio.get_running_loop()
@@ -156,7 +162,8 @@ class Node:
             loop.create_task(_load_all(runtimes, service), name="load"),
             loop.create_task(watch_loop_lag(self.metrics.event_loop_lag.labels()), name="loop-lag"),
         ]
-        service.start_jobs()
+        service.start()
+        self.jobs.start()
         _log.info(
             "serving state partitions %s of %d from %s",
             format_partitions(owned) or "none",
@@ -189,20 +196,24 @@ class Node:
             )
             _track(metrics, runtimes[partition])
         metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))
-        self._service = CoordinatorService(
+        service = self._service = CoordinatorService(
             runtimes=runtimes,
             committer=committer,
             cluster=self.cluster,
             node_id=config.node_id,
             catalog=catalog,
             write_timeout_ms=config.write_timeout_ms,
-            intervals=JobIntervals(
+            track_touches=config.state_retention_ms > 0,
+            on_entry_results=_results_recorder(metrics),
+        )
+        self._jobs = PeriodicJobs(
+            service,
+            JobIntervals(
                 prune_ms=config.prune_interval_ms,
                 cold_snapshot_ms=config.cold_partition_snapshot_interval_ms,
                 compaction_commit_ms=config.compaction_commit_interval_ms,
                 state_retention_ms=config.state_retention_ms,
             ),
-            on_entry_results=_results_recorder(metrics),
             on_pruned=lambda partition, mark: metrics.last_pruned_offset.labels(partition).set(
                 mark
             ),
@@ -258,8 +269,10 @@ class Node:
             for task in self._tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+            if self._jobs is not None:
+                await self._jobs.stop()
             if self._service is not None:
-                await self._service.stop_jobs()
+                await self._service.stop()
             for runtime in self.runtimes.values():
                 await runtime.close()
             await asyncio.to_thread(self.offload.close)

@@ -125,8 +125,8 @@ async def test_groups_without_state_leave_no_clock_behind(serve):
         entries = [init_entry(k, 1, 10) for k in keys("kept")]
         assert set(await api.codes("initialize", body("kept", (TOPIC, entries)))) == {0}
     # White-box: the map is what would grow; nothing outside shows its size.
-    assert off.node.service._group_touched == {}
+    assert off.node.service.group_touched == {}
     service = on.node.service
-    assert len(service._group_touched) == 21
-    assert await service.expire_groups_once() == 0  # nothing is old enough to expire
-    assert set(service._group_touched) == {"kept"}
+    assert len(service.group_touched) == 21
+    assert await on.node.jobs.expire_groups_once() == 0  # nothing is old enough to expire
+    assert set(service.group_touched) == {"kept"}

@@ -128,7 +128,7 @@ async def test_a_job_waits_for_a_long_write_on_its_partition(serve):
     # Expiring the group would tombstone the key; it must not run before the write it
     # would otherwise slip under.
     expiry = asyncio.create_task(
-        server.service._run_job(
+        server.service.run_job(
             service.runtimes[0], lambda shard: shard.expire_groups(frozenset({GROUP}))
         )
     )
