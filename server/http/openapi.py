@@ -2,7 +2,7 @@
 
 Its schemas are msgspec's JSON Schema of the declarations the decoders use
 (``protocol.messages``, ``protocol.widths``), its operations the route table
-``create_app`` registers (``server.http.ROUTES``): it describes what the daemon decodes
+``create_app`` registers (``server.http.app.ROUTES``): it describes what the daemon decodes
 and serves, not a copy of it.
 ``python -m server.http.openapi`` prints it as YAML; ``make openapi`` writes ``openapi.yaml``,
 and ``tests/server/test_openapi_current.py`` fails while that file is stale.

@@ -1,4 +1,4 @@
-"""What a route of the HTTP API is: the shape of the one table (``server.http.ROUTES``)
+"""What a route of the HTTP API is: the shape of the one table (``server.http.app.ROUTES``)
 that ``create_app`` registers and ``server.http.openapi`` documents, so the two cannot drift.
 
 Bodies, answers and parameters are named by their msgspec declarations
