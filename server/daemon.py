@@ -87,7 +87,7 @@ def run_server(config: ServeConfig) -> int:
         listeners = _bind(config)
     except ListenError as exc:
         return _fail(config, str(exc), EXIT_FAILURE)
-    node = Node(config, _advertised_cluster(config, listeners.http_port), fs=fs)
+    node = Node(config, _advertised_cluster(config, listeners.http_address[1]), fs=fs)
     try:
         return uvloop.run(_serve(node, listeners, token, ssl_context, kafka_auth))
     except (LogError, CatalogError) as exc:
@@ -121,8 +121,10 @@ class _Listeners:
     kafka: socket.socket | None
 
     @property
-    def http_port(self) -> int:
-        return int(self.http[0].getsockname()[1])
+    def http_address(self) -> tuple[str, int]:
+        """The host and port bound first (the port chosen, for --listen :0)."""
+        host, port = self.http[0].getsockname()[:2]
+        return str(host), int(port)
 
     def close(self) -> None:
         """Once served, the transports closed them (this is then a no-op); before, they
@@ -171,6 +173,7 @@ async def _serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     config = node.config
+    host, port = listeners.http_address
     await node.start()
     try:
         http = HttpTransport(node, token=token)
@@ -179,7 +182,6 @@ async def _serve(
         if listeners.kafka is not None:
             kafka = await _start_kafka(node, ssl_context, kafka_auth, listeners.kafka)
             node.serves(kafka)
-        host, port = listeners.http[0].getsockname()[:2]
         scheme = "https" if ssl_context else "http"
         url = f"{scheme}://{host}:{port}"
         log_event(_log, "info", "listening", url=url)
