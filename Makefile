@@ -51,7 +51,7 @@ lint: $(DEV_STAMP)
 # openapi.yaml is generated from the schema declarations and the route table; a test
 # fails while it is stale. Written aside first, so a failed run leaves the file whole.
 openapi: $(DEV_STAMP)
-	$(BIN)/python -m server.openapi > openapi.yaml.tmp || { rm -f openapi.yaml.tmp; exit 1; }
+	$(BIN)/python -m server.http.openapi > openapi.yaml.tmp || { rm -f openapi.yaml.tmp; exit 1; }
 	mv openapi.yaml.tmp openapi.yaml
 
 bench: $(DEV_STAMP)

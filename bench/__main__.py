@@ -50,7 +50,7 @@ def _daemon_argv(data: Path, port: int, log_level: str, *extra: str) -> list[str
     """`sharecoord serve` on a data directory, pinned to the server CPU."""
     return pinned(
         server_cpus(),
-        [sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data),
+        [sys.executable, "-m", "server.commands.cli", "serve", "--data-dir", str(data),
          "--listen", f"127.0.0.1:{port}", "--log-level", log_level, *extra],
     )  # fmt: skip
 

@@ -66,7 +66,7 @@ def profile(repo: Path, seconds: float, label: str) -> list[Path]:
         env = dict(os.environ, PYTHONPATH=str(repo))
         argv = pinned(
             server_cpus(),
-            [sys.executable, "-m", "server.cli", "serve", "--data-dir", str(work / "data"),
+            [sys.executable, "-m", "server.commands.cli", "serve", "--data-dir", str(work / "data"),
              "--listen", f"127.0.0.1:{port}", "--log-level", "warning"],
         )  # fmt: skip
         # From the checkout itself: `python -m` puts the working directory first.

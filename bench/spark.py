@@ -52,7 +52,7 @@ def _cli(*args: str) -> tuple[float, str]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     started = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "server.commands.cli", *args],
         cwd=REPO, env=env, capture_output=True, text=True, check=False,
     )  # fmt: skip
     seconds = time.perf_counter() - started

@@ -4,7 +4,7 @@ Field names are the snake_case forms of Kafka's RPC schema fields (apiKeys 83-87
 the widths come from ``protocol.widths``. The same declarations are what the daemon
 decodes request bodies into (``protocol.codec``), what the client encodes and decodes
 (``protocol.client_codec``), and what ``openapi.yaml`` is generated from
-(``server.openapi``). Field order is the order in which bodies are written.
+(``server.http.openapi``). Field order is the order in which bodies are written.
 
 A decoded request entry is the operation itself: ``protocol.codec`` sets two things on
 it that never travel on the wire (they are attributes, not fields, so no body can set

@@ -1,11 +1,16 @@
-"""``sharecoord serve``: run the HTTP server on uvloop until SIGTERM or SIGINT.
+"""``sharecoord serve``: one node (``server.node``) and its transports, HTTP and, with
+``--kafka-listener``, Kafka's protocol, on uvloop until SIGTERM or SIGINT.
+
+Start order: bind the listen addresses (the Kafka listener's, then HTTP's: an address in
+use is one line, exit 1, and nothing is made on disk), start the node (open the data
+directory; the partitions load in the background), serve HTTP and Kafka over it.
 
 Shutdown order: cut the HTTP requests still waiting for their body (they were never
-answered and may never come), stop listening, let the requests in flight finish (up to
-``shutdown_timeout_s``; the Kafka listener's first, then HTTP's), then the app's cleanup
-context stops the jobs, commits what is left and closes the log. Exit 0. The last line
-logged says how many requests were drained and whether the final commit made every
-appended record durable.
+answered and may never come), then the node's drain: each transport stops listening and
+lets its requests in flight finish (up to ``shutdown_timeout_s``; the Kafka listener's
+first, then HTTP's); then the node stops the jobs, commits what is left and closes the
+log. Exit 0. The last line logged says how many requests were drained and whether the
+final commit made every appended record durable.
 
 Once listening, it prints ``sharecoord listening on URL`` on stdout (tests and tools
 wait for that line); with ``--log-format json`` that line is a JSON record instead,
@@ -25,21 +30,19 @@ import signal
 import socket
 import ssl
 import sys
-from collections.abc import Awaitable, Callable
-from typing import Any
+from dataclasses import dataclass
 
 import uvloop
-from aiohttp import web
 
-from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError, StateLog
+from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
-from server.config import WILDCARD_HOSTS, ServeConfig, advertised_host
-from server.connection import ApiAppRunner
-from server.http import COORDINATOR, create_app, direct_rpc_handler
-from server.kafka_auth import CredentialsError, KafkaAuth, load_credentials
-from server.kafka_listener import KafkaListener, bind_kafka_socket, start_kafka_listener
+from server.config import ServeConfig
+from server.http.transport import HttpTransport, bind_sockets
+from server.kafka.auth import CredentialsError, KafkaAuth, load_credentials
+from server.kafka.listener import KafkaListener, bind_kafka_socket, start_kafka_listener
 from server.logs import json_line, log_event
+from server.node import Node
 from server.security import SecurityError, load_token, server_ssl_context
 
 _log = logging.getLogger("sharecoord.daemon")
@@ -79,13 +82,17 @@ def run_server(config: ServeConfig) -> int:
         # Fault injection for the reliability suite; never set in production.
         fs = FaultInjectingFileOps.from_env()
         _log.warning("fault injection enabled through %s", FAILPOINTS_ENV)
-    app = create_app(config, config.cluster_map, token=token, fs=fs)
     try:
-        return uvloop.run(_serve(app, config, ssl_context, kafka_auth))
-    except (LogError, CatalogError, ListenError) as exc:
+        # Before anything is made on disk: an address in use leaves no data directory.
+        listeners = _bind(config)
+    except ListenError as exc:
+        return _fail(config, str(exc), EXIT_FAILURE)
+    node = Node(config, _advertised_cluster(config, listeners.http_address[1]), fs=fs)
+    try:
+        return uvloop.run(_serve(node, listeners, token, ssl_context, kafka_auth))
+    except (LogError, CatalogError) as exc:
         # The data directory is locked by another process, was made for another
-        # partition count or holds an unreadable topic catalog, or the address is taken:
-        # say so plainly, no trace.
+        # partition count or holds an unreadable topic catalog: say so plainly, no trace.
         return _fail(config, str(exc), EXIT_FAILURE)
     except OSError as exc:
         # The data directory cannot be made or opened (permissions, a full or read-only
@@ -93,6 +100,8 @@ def run_server(config: ServeConfig) -> int:
         where = f"{exc.filename}: " if exc.filename is not None else ""
         problem = f"{where}{exc.strerror or exc}"
         return _fail(config, f"data directory {config.data_dir}: {problem}", EXIT_FAILURE)
+    finally:
+        listeners.close()
 
 
 def _fail(config: ServeConfig, message: str, code: int) -> int:
@@ -104,44 +113,56 @@ def _fail(config: ServeConfig, message: str, code: int) -> int:
     return code
 
 
-Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
+@dataclass
+class _Listeners:
+    """The sockets ``serve`` listens on, bound before the node starts."""
+
+    http: list[socket.socket]
+    kafka: socket.socket | None
+
+    @property
+    def http_address(self) -> tuple[str, int]:
+        """The host and port bound first (the port chosen, for --listen :0)."""
+        host, port = self.http[0].getsockname()[:2]
+        return str(host), int(port)
+
+    def close(self) -> None:
+        """Once served, the transports closed them (this is then a no-op); before, they
+        are closed here."""
+        for sock in [*self.http, *([self.kafka] if self.kafka else [])]:
+            sock.close()
 
 
-class _InFlight:
-    """Counts the requests being handled, to say at shutdown how many were drained.
+def _bind(config: ServeConfig) -> _Listeners:
+    """Bind the Kafka listener's address (if any), then HTTP's; ``ListenError`` names
+    the one that cannot be bound."""
+    kafka = _bind_kafka(config) if config.kafka_listener is not None else None
+    try:
+        http = bind_sockets(config.host, config.port)
+    except OSError as exc:
+        if kafka is not None:
+            kafka.close()
+        raise ListenError(
+            f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+        ) from exc
+    return _Listeners(http, kafka)
 
-    It wraps the server's request handler rather than being an app middleware: one
-    counter and one call frame per request, outside the app's middleware chain."""
 
-    def __init__(self) -> None:
-        self.active = 0
-        self.stopping = False
-        self.drained = 0
-        self.cut_off = 0
-
-    def wrap(self, handler: Handler) -> Handler:
-        async def counted(request: web.BaseRequest) -> web.StreamResponse:
-            self.active += 1
-            answered = False
-            try:
-                response = await handler(request)
-                answered = True
-                return response
-            finally:
-                self.active -= 1
-                if self.stopping:
-                    if answered:
-                        self.drained += 1
-                    else:  # cut waiting for its body, cancelled at the end of
-                        # --shutdown-timeout-s, or failed
-                        self.cut_off += 1
-
-        return counted
+def _advertised_cluster(config: ServeConfig, port: int) -> ClusterMap:
+    """The cluster map, with a node alone on --listen with port 0 advertised at the port
+    actually bound (at the host the configuration chose: a wildcard listen host is
+    advertised by name)."""
+    cluster = config.cluster_map
+    if config.cluster is None and config.advertised_listener is None and port != config.port:
+        (alone,) = cluster.nodes
+        return ClusterMap.single(config.node_id, alone.host, port, config.partitions)
+    return cluster
 
 
 async def _serve(
-    app: web.Application,
-    config: ServeConfig,
+    node: Node,
+    listeners: _Listeners,
+    token: bytes | None,
     ssl_context: ssl.SSLContext | None,
     kafka_auth: KafkaAuth,
 ) -> int:
@@ -151,39 +172,16 @@ async def _serve(
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    kafka_socket = _bind_kafka(config) if config.kafka_listener is not None else None
-    runner = api_runner(
-        app,
-        config,
-        handle_signals=False,
-        access_log=None,
-        shutdown_timeout=config.shutdown_timeout_s,
-        keepalive_timeout=config.request_timeout_s,
-    )
-    await runner.setup()
-    in_flight = _InFlight()
-    assert runner.server is not None  # setup() made it
-    runner.server.request_handler = in_flight.wrap(runner.server.request_handler)
-    kafka: KafkaListener | None = None
+    config = node.config
+    host, port = listeners.http_address
+    await node.start()
     try:
-        site = web.TCPSite(runner, config.host, config.port, ssl_context=ssl_context)
-        try:
-            await site.start()
-        except OSError as exc:
-            raise ListenError(
-                f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
-            ) from exc
-        host, port = _bound_address(runner, config)
-        coordinator = app[COORDINATOR]
-        if config.cluster is None and config.advertised_listener is None and port != config.port:
-            # --listen with port 0: advertise the port actually bound (at the host the
-            # configuration chose: a wildcard listen host is advertised by name).
-            (alone,) = coordinator.cluster.nodes
-            coordinator.rebind(
-                ClusterMap.single(config.node_id, alone.host, port, config.partitions)
-            )
-        if kafka_socket is not None:
-            kafka = await _start_kafka(app, config, ssl_context, kafka_auth, kafka_socket)
+        http = HttpTransport(node, token=token)
+        node.serves(http)
+        await http.start(listeners.http, ssl_context)
+        if listeners.kafka is not None:
+            kafka = await _start_kafka(node, ssl_context, kafka_auth, listeners.kafka)
+            node.serves(kafka)
         scheme = "https" if ssl_context else "http"
         url = f"{scheme}://{host}:{port}"
         log_event(_log, "info", "listening", url=url)
@@ -194,33 +192,29 @@ async def _serve(
         sys.stdout.flush()
         _settle_garbage_collector()
         await stop.wait()
-        in_flight.stopping = True
         # No waiting, within the shutdown timeout, for bodies that may never come.
-        bodies_cut = coordinator.stop_reading_bodies()
+        bodies_cut = http.stop_reading_bodies()
         log_event(
             _log,
             "info",
             "stopping: no new connections; finishing the requests in flight",
-            in_flight=in_flight.active + (kafka.in_flight if kafka else 0),
+            in_flight=node.in_flight,
             bodies_cut=bodies_cut,
         )
     finally:
-        if kafka is not None:
-            # Before the app's cleanup: the Kafka requests in flight need the log open.
-            drained, cut_off = await kafka.stop(config.shutdown_timeout_s)
-            in_flight.drained += drained
-            in_flight.cut_off += cut_off
-        await runner.cleanup()
-    # The cleanup context ran the final commit and closed the log; what it left behind
-    # says whether that commit covered everything.
-    not_durable = _not_durable(app[COORDINATOR].log)
+        # The Kafka listener first, then HTTP: the requests in flight need the log open.
+        drained = await node.drain()
+        await node.stop()
+    # The final commit is done and the log closed; what it left behind says whether
+    # that commit covered everything.
+    not_durable = node.not_durable()
     if not_durable:
         log_event(
             _log,
             "warning",
             "stopped; the final commit left records that are not durable",
-            drained=in_flight.drained,
-            cut_off=in_flight.cut_off,
+            drained=drained.drained,
+            cut_off=drained.cut_off,
             final_commit="incomplete",
             partitions=not_durable,
         )
@@ -229,19 +223,11 @@ async def _serve(
             _log,
             "info",
             "stopped",
-            drained=in_flight.drained,
-            cut_off=in_flight.cut_off,
+            drained=drained.drained,
+            cut_off=drained.cut_off,
             final_commit="done",
         )
     return EXIT_OK
-
-
-def api_runner(app: web.Application, config: ServeConfig, **kwargs: Any) -> ApiAppRunner:
-    """The runner `serve` serves the app with (its connection handling, the RPCs' direct
-    route); the tests' in-process server uses it too, so they see what `serve` does."""
-    return ApiAppRunner(
-        app, request_timeout_s=config.request_timeout_s, route=direct_rpc_handler, **kwargs
-    )
 
 
 # Objects the collector lets accumulate before a young collection (CPython's default is
@@ -304,38 +290,17 @@ def _bind_kafka(config: ServeConfig) -> socket.socket:
 
 
 async def _start_kafka(
-    app: web.Application,
-    config: ServeConfig,
+    node: Node,
     ssl_context: ssl.SSLContext | None,
     auth: KafkaAuth,
     sock: socket.socket,
 ) -> KafkaListener:
     """Serve Kafka's protocol and say where, before the HTTP "listening" line."""
-    kafka, host, port = await start_kafka_listener(
-        app[COORDINATOR], config, ssl_context, auth, sock
-    )
-    if config.cluster is None and host in WILDCARD_HOSTS:
-        # Its FindCoordinator names this node at the bound address, which a wildcard
-        # is not: the advertised host stands in, with the Kafka listener's port.
-        kafka.api.advertised = (advertised_host(config.advertised_listener), port)
+    kafka, host, port = await start_kafka_listener(node, ssl_context, auth, sock)
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     log_event(_log, "info", "kafka listening", address=address, tls=ssl_context is not None)
-    if config.log_format == "json":
+    if node.config.log_format == "json":
         print(json_line(_log.name, "info", "kafka listening", host=host, port=port))
     else:
         print(f"sharecoord kafka listener on {address}")
     return kafka
-
-
-def _not_durable(log: StateLog | None) -> list[int]:
-    """The state partitions whose log ends past its last fsync (only a failed one can)."""
-    if log is None:
-        return []
-    return [p.partition for p in log.partitions if p.durable_end_offset < p.log_end_offset]
-
-
-def _bound_address(runner: web.AppRunner, config: ServeConfig) -> tuple[str, int]:
-    for address in runner.addresses:
-        if isinstance(address, tuple) and len(address) >= 2:
-            return str(address[0]), int(address[1])
-    return config.host, config.port

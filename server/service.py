@@ -18,21 +18,15 @@ import asyncio
 import collections
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from persistence import (
     DurabilityError,
     GroupCommitter,
-    LogError,
     PartitionFailedError,
-    SegmentInfo,
 )
-from persistence.history import HistoryIndex
 from protocol import errors
 from protocol.messages import (
     AdminState,
@@ -59,22 +53,8 @@ _log = logging.getLogger("sharecoord.service")
 SLICE_S = 0.002
 
 
-class _NoPruning(HistoryIndex):
-    """A history declaration that cannot be read: prune nothing rather than guess."""
-
-    def __init__(self) -> None:
-        pass
-
-    def holds(self, partition: int, segment: Any) -> bool:
-        return False
-
-
-_KEEP_EVERYTHING = _NoPruning()
 # What a readable failed partition answers (runtime.PartitionRuntime.answer_read).
 _READS = frozenset({Rpc.READ, Rpc.READ_SUMMARY})
-
-# How often an unfinished topic deletion is tried again (nothing is done while none is).
-UNFINISHED_DELETIONS_CHECK_MS = 1000
 
 
 class ServiceError(Exception):
@@ -84,14 +64,6 @@ class ServiceError(Exception):
         super().__init__(message)
         self.code = code
         self.message = message
-
-
-@dataclass(frozen=True)
-class JobIntervals:
-    prune_ms: int
-    cold_snapshot_ms: int
-    compaction_commit_ms: int
-    state_retention_ms: int  # -1: never
 
 
 class CoordinatorService:
@@ -104,9 +76,8 @@ class CoordinatorService:
         node_id: int,
         catalog: TopicCatalog,
         write_timeout_ms: int,
-        intervals: JobIntervals,
+        track_touches: bool = False,
         on_entry_results: Callable[[Rpc, dict[int, int]], None] | None = None,
-        on_pruned: Callable[[int, int], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.runtimes = runtimes
@@ -118,23 +89,32 @@ class CoordinatorService:
         self.catalog = catalog
         self._write_timeout_s = write_timeout_ms / 1000
         self._deadlines = _Deadlines(self._write_timeout_s, time.monotonic)
-        self._intervals = intervals
         self._on_entry_results = on_entry_results
-        self._on_pruned = on_pruned
         self._monotonic = monotonic
-        self._started_at = monotonic()
-        # State retention (docs/semantics.md §A): when each group was last touched by an RPC here.
-        # Kept only when retention is on, and pruned of groups without state (see
-        # expire_groups_once), so RPCs naming ever new groups cannot grow it for good.
-        self._track_touches = intervals.state_retention_ms > 0
-        self._group_touched: dict[str, float] = {}
-        self._last_pruned: dict[int, int] = {}
-        self._held_at: dict[int, str] = {}  # the segment pruning last waited for
-        self._jobs: list[asyncio.Task[None]] = []
+        # State retention (docs/semantics.md §A, server.jobs): when each group was last
+        # touched by an RPC here. Kept only when retention is on (``track_touches``), and
+        # pruned of groups without state (PeriodicJobs.expire_groups_once), so RPCs
+        # naming ever new groups cannot grow it for good.
+        self._track_touches = track_touches
+        self.group_touched: dict[str, float] = {}
+        self._sweeping: asyncio.Task[None] | None = None
         # Topic registrations and deletions, one at a time (each may wait for a commit).
         self._topic_changes = asyncio.Lock()
         # Not ready before loading ended and the deletions a stop left were finished.
         self._settling = True
+
+    def start(self) -> None:
+        """Keep the write timeout of the requests waiting for durability."""
+        self._sweeping = asyncio.get_running_loop().create_task(
+            self._deadlines.run(), name="write-timeouts"
+        )
+
+    async def stop(self) -> None:
+        if self._sweeping is not None:
+            self._sweeping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeping
+            self._sweeping = None
 
     # --- the five RPCs ----------------------------------------------------------------
 
@@ -246,7 +226,7 @@ class CoordinatorService:
                 out.append(_unavailable(rpc, partition, code))
                 failures[code] = failures.get(code, 0) + 1
         if touched_here and self._track_touches:
-            self._group_touched[group_id] = self._monotonic()
+            self.group_touched[group_id] = self._monotonic()
         if executed is not None:
             executed.set_result(None)
         if placed:
@@ -302,7 +282,7 @@ class CoordinatorService:
             self._on_entry_results(rpc, {errors.COORDINATOR_NOT_AVAILABLE: request.entry_count()})
         return ShareGroupStateResponse(results)
 
-    async def _wait_durable(self, partitions: Iterable[int]) -> list[int]:
+    async def wait_durable(self, partitions: Iterable[int]) -> list[int]:
         """Wait until each partition's log is durable up to its end now; return the
         partitions whose commit failed or did not finish within the write timeout."""
         targets = {}
@@ -447,14 +427,14 @@ class CoordinatorService:
         for state_partition, runtime in self.runtimes.items():
             if runtime.status is Status.ACTIVE:
                 try:
-                    deleted += await _run_job(runtime, lambda shard: shard.delete_topics(topic_ids))
+                    deleted += await run_job(runtime, lambda shard: shard.delete_topics(topic_ids))
                 except PartitionFailedError:
                     failed.append(state_partition)
                 else:
                     swept.append(state_partition)
             else:
                 (loading if runtime.status is Status.LOADING else failed).append(state_partition)
-        failed += await self._wait_durable(swept)
+        failed += await self.wait_durable(swept)
         if not failed and not loading:
             await _catalog_write(self.catalog.end_deletions(topic_ids))
             return deleted
@@ -547,204 +527,6 @@ class CoordinatorService:
             for p, r in sorted(self.runtimes.items())
             if r.status is Status.FAILED
         ]
-
-    # --- periodic jobs ----------------------------------------------------------------
-
-    def start_jobs(self) -> None:
-        intervals = self._intervals
-        self._jobs = [
-            self._every(intervals.prune_ms, self.prune_once, "prune"),
-            self._every(intervals.cold_snapshot_ms, self.cold_snapshots_once, "cold-snapshots"),
-            self._every(
-                intervals.compaction_commit_ms, self.commit_compaction, "compaction-commit"
-            ),
-        ]
-        self._jobs.append(
-            asyncio.get_running_loop().create_task(self._deadlines.run(), name="write-timeouts")
-        )
-        # A deletion left unfinished by a partition that was not active finishes once it is.
-        self._jobs.append(
-            self._every(
-                UNFINISHED_DELETIONS_CHECK_MS, self.finish_deletions_once, "topic-deletions"
-            )
-        )
-        if intervals.state_retention_ms > 0:
-            # Look often enough that a group expires within a tenth of its retention.
-            check_ms = min(max(intervals.state_retention_ms // 10, 100), 60_000)
-            self._jobs.append(self._every(check_ms, self.expire_groups_once, "state-retention"))
-
-    def _every(
-        self, interval_ms: int, job: Callable[[], Awaitable[Any]], name: str
-    ) -> asyncio.Task[None]:
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(interval_ms / 1000)
-                try:
-                    await job()
-                except asyncio.CancelledError:
-                    raise
-                except OSError as exc:
-                    # The disk, not the code: a line, not a trace (docs/api.md keeps those
-                    # for bugs).
-                    _log.warning(
-                        "periodic job %s failed: %s; it runs again in %d ms", name, exc, interval_ms
-                    )
-                except Exception:
-                    _log.exception(
-                        "periodic job %s failed; it runs again in %d ms", name, interval_ms
-                    )
-
-        return asyncio.get_running_loop().create_task(loop(), name=name)
-
-    async def stop_jobs(self) -> None:
-        for task in self._jobs:
-            task.cancel()
-        for task in self._jobs:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._jobs = []
-
-    async def prune_once(self) -> None:
-        """Delete whole sealed segments below each partition's last redundant offset
-        (docs/semantics.md §9, §A). Only a durable mark counts: the snapshots that make the older
-        records redundant must survive a crash first."""
-        history = await self._history()
-        for state_partition, runtime in sorted(self.runtimes.items()):
-            if runtime.status is not Status.ACTIVE:
-                continue
-            mark = runtime.shard.last_redundant_offset()
-            log = runtime.log
-            if mark is None or self._last_pruned.get(state_partition) == mark:
-                continue
-            # The mark is the lowest of every key's latest snapshot offset, as the shard
-            # holds them in memory: a key whose newest snapshot is appended but not yet
-            # fsynced already counts its previous, durable one as redundant. Had that
-            # segment gone and the new snapshot then been lost (a failed fsync, a crash),
-            # the key would be left without a snapshot. So: first wait until everything
-            # the mark was computed from is durable; a failed commit skips the round.
-            if await self._wait_durable([state_partition]):
-                continue
-            if mark >= log.durable_end_offset:
-                continue
-            may_delete = None if history is None else partial(history.holds, state_partition)
-            try:
-                deleted = await asyncio.to_thread(log.prune, mark, may_delete)
-            except PartitionFailedError:
-                continue  # its last commit just failed; the reload comes first
-            if history is not None and self._held_back(state_partition, log.segments, mark):
-                continue  # not done with this mark: the next round tries again
-            self._last_pruned[state_partition] = mark
-            if self._on_pruned is not None:
-                self._on_pruned(state_partition, mark)
-            if deleted:
-                _log.info(
-                    "state partition %d: pruned %d segments below offset %d",
-                    state_partition,
-                    len(deleted),
-                    mark,
-                )
-
-    # --- pruning and the history (persistence/history.py) ------------------------------
-
-    async def _history(self) -> HistoryIndex | None:
-        """The data directory's history, if it keeps one: then only segments already
-        exported to it may be pruned. The daemon has no Parquet writer; the compaction
-        job exports (docs/design.md#the-history). Read every round, so a history
-        declared or dropped by `sharecoord compact` counts without a restart."""
-        if not self.runtimes:
-            return None
-        some_partition = next(iter(self.runtimes.values())).log.partition_dir
-        if some_partition is None:
-            return None  # a store without files keeps no history (yet)
-        data_dir = os.path.dirname(os.path.dirname(some_partition))
-        try:
-            return await asyncio.to_thread(HistoryIndex.load, data_dir)
-        except LogError as exc:
-            _log.warning("pruning skipped: %s", exc)
-            return _KEEP_EVERYTHING
-
-    def _held_back(self, state_partition: int, segments: list[SegmentInfo], mark: int) -> bool:
-        """Whether a segment below the mark stayed because the history lacks it; said
-        once per segment."""
-        if len(segments) < 2 or segments[1].base_offset > mark:
-            self._held_at.pop(state_partition, None)
-            return False
-        held = os.path.basename(segments[0].path)
-        if self._held_at.get(state_partition) != held:
-            self._held_at[state_partition] = held
-            _log.info(
-                "state partition %d: pruning held back at segment %s: the history does not "
-                "hold it yet (sharecoord compact exports it)",
-                state_partition,
-                held,
-            )
-        return True
-
-    async def cold_snapshots_once(self) -> int:
-        """docs/semantics.md §10 on every active partition; returns how many snapshots
-        were written."""
-        written = 0
-        touched = []
-        for state_partition, runtime in self.runtimes.items():
-            if runtime.status is Status.ACTIVE:
-                try:
-                    count = await _run_job(runtime, ShareCoordinatorShard.cold_snapshots)
-                except PartitionFailedError:
-                    continue  # its commit just failed; the next pass after the reload
-                if count:
-                    written += count
-                    touched.append(state_partition)
-        failed = await self._wait_durable(touched)
-        if failed:
-            _log.warning("cold snapshots not durable on state partitions %s", sorted(failed))
-        return written
-
-    async def expire_groups_once(self) -> int:
-        """State retention (docs/semantics.md §A): tombstone every share-partition of a
-        group that no RPC touched here for the retention time. A group's clock starts at
-        its last RPC or at this node's start, so a restart only ever delays expiry."""
-        retention_s = self._intervals.state_retention_ms / 1000
-        now = self._monotonic()
-        groups: set[str] = set()
-        all_active = True
-        for runtime in self.runtimes.values():
-            if runtime.status is Status.ACTIVE:
-                groups |= runtime.shard.group_ids()
-            else:
-                all_active = False
-        if all_active:
-            # A group without state here needs no clock: state only comes back through
-            # an RPC, which starts it again. (With a partition loading or failed, its
-            # groups are unknown, and their clocks must stay.)
-            for group in self._group_touched.keys() - groups:
-                del self._group_touched[group]
-        expired = frozenset(
-            g for g in groups if now - self._group_touched.get(g, self._started_at) >= retention_s
-        )
-        if not expired:
-            return 0
-        tombstoned = 0
-        touched = []
-        for state_partition, runtime in self.runtimes.items():
-            if runtime.status is Status.ACTIVE:
-                try:
-                    count = await _run_job(runtime, lambda shard: shard.expire_groups(expired))
-                except PartitionFailedError:
-                    continue  # its commit just failed; a later pass expires the rest
-                if count:
-                    tombstoned += count
-                    touched.append(state_partition)
-        for group in expired:
-            self._group_touched.pop(group, None)
-        failed = await self._wait_durable(touched)
-        _log.info(
-            "state retention: expired %d groups (%d share-partitions)%s",
-            len(expired),
-            tombstoned,
-            f"; not durable on {sorted(failed)}" if failed else "",
-        )
-        return tombstoned
-
 
 class _Deadlines:
     """The write timeout of every request waiting for durability, kept by one task
@@ -848,7 +630,7 @@ async def _execute_in_turn(
         runtime.release()
 
 
-async def _run_job(
+async def run_job(
     runtime: PartitionRuntime, job: Callable[[ShareCoordinatorShard], list[Record]]
 ) -> int:
     """A maintenance job on a partition, in its turn if the partition is taken (an

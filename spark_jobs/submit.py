@@ -11,7 +11,7 @@ data directory (and the audit's output directory) must be visible to the executo
 the same path. For local masters the executors' Python is this interpreter, so driver
 and executors agree on the Python version.
 
-Only the CLI process imports this module (server/cli.py, which owns the commands'
+Only the CLI process imports this module (server/commands/cli.py, which owns the commands'
 flags and settings); executors never do.
 """
 

@@ -102,8 +102,8 @@ def test_the_daemon_and_the_client_run_without_the_extras() -> None:
         [
             "import sys",
             *(f"sys.modules[{m!r}] = None" for m in hidden),
-            "import server.cli, server.daemon, server.http, server.tools, client",
-            "from server.cli import main",
+            "import server.commands.cli, server.daemon, server.http.app, server.tools, client",
+            "from server.commands.cli import main",
             "sys.exit(main(['log', 'verify', '--help']))",
         ]
     )

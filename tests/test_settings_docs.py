@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from server.cli import build_parser
+from server.commands.cli import build_parser
 from server.config import SERVE_SETTINGS, Setting, commands, parse_int
 from server.config import engine as config_engine
 from server.config.docs import DocsError, command_table, regenerate

@@ -1,4 +1,4 @@
-"""Real sharecoord daemons for the client's tests: subprocesses of ``server.cli serve``.
+"""Real sharecoord daemons for the client's tests: subprocesses of ``server.commands.cli serve``.
 
 Starting, killing and restarting block (fork, pipe reads, waits), so the async tests
 call them through ``asyncio.to_thread``; session fixtures call them directly.
@@ -72,7 +72,7 @@ class Daemon:
         command = [
             sys.executable,
             "-m",
-            "server.cli",
+            "server.commands.cli",
             "serve",
             "--data-dir",
             str(self.data_dir),

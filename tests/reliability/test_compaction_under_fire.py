@@ -67,7 +67,7 @@ async def start_compaction(data_dir: Path) -> asyncio.subprocess.Process:
     return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "server.cli",
+        "server.commands.cli",
         "compact",
         "--data-dir",
         str(data_dir),

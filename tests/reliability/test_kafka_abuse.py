@@ -33,7 +33,7 @@ import aiohttp
 import pytest
 
 from protocol import kafka_messages as km
-from server.kafka_listener import MAX_IN_FLIGHT
+from server.kafka.connection import MAX_IN_FLIGHT
 from tests.kafka_client import KafkaClient, kafka_address, raw_request, share_request
 from tests.reliability.test_memory_bounded import rss_kib
 from tests.server.daemons import (

@@ -2,7 +2,7 @@
 
 docs/api.md#http-statuses: every answer but a 200 has an {"error_code", "error_message"}
 body. aiohttp answers a request it cannot parse on its own, before the app sees it; the daemon's
-connections (server/connection.py) give those answers the API's JSON body. Each row is
+connections (server/http/connection.py) give those answers the API's JSON body. Each row is
 sent on a fresh connection of one daemon; at the end the daemon still runs, logged no
 trace, and counted no 5xx.
 """

@@ -22,7 +22,8 @@ import yaml
 from hypothesis import HealthCheck, settings
 
 from server.config import load_serve_config
-from server.http import create_app
+from server.http.app import create_app
+from server.node import Node
 from tests.server.daemons import REPO_ROOT, Daemon, start_daemon
 
 OPENAPI = REPO_ROOT / "openapi.yaml"
@@ -43,7 +44,7 @@ def spec_routes() -> set[tuple[str, str]]:
 def app_routes(tmp_path: Path) -> set[tuple[str, str]]:
     flags = argparse.Namespace(data_dir=str(tmp_path / "data"), partitions="4")
     config = load_serve_config(flags, {})
-    app = create_app(config, config.cluster_map)
+    app = create_app(Node(config, config.cluster_map))
     return {(route.method, route.resource.canonical) for route in app.router.routes()}
 
 

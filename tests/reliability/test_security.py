@@ -28,7 +28,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.config import load_serve_config
-from server.http import create_app
+from server.http.app import create_app
+from server.node import Node
 from server.security import client_ssl_context
 from tests.reliability.raw_http import exchange, request_bytes
 from tests.server.daemons import MEDIA, TOPIC, Api, Daemon, body, encode, init_entry, start_daemon
@@ -59,7 +60,7 @@ def v1_routes(tmp_path: Path) -> list[tuple[str, str]]:
     """Every (method, concrete path) of create_app's router under /v1/."""
     flags = argparse.Namespace(data_dir=str(tmp_path / "routes"), partitions="4")
     config = load_serve_config(flags, {})
-    app = create_app(config, config.cluster_map)
+    app = create_app(Node(config, config.cluster_map))
     out = []
     for route in app.router.routes():
         path = route.resource.canonical.replace("{topic_id}", TOPIC)

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from server.connection import ApiAppRunner
+from server.http.connection import ApiAppRunner
 from tests.reliability.raw_http import (
     ESTABLISHED,
     Reader,

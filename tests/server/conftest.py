@@ -20,8 +20,10 @@ from aiohttp.web_runner import BaseRunner
 from persistence import FileOps
 from server.cluster import ClusterMap
 from server.config import ServeConfig, load_serve_config
-from server.daemon import api_runner
-from server.http import COORDINATOR, Coordinator, create_app
+from server.http.app import create_app
+from server.http.edge import EDGE, Edge
+from server.http.transport import api_runner
+from server.node import Node
 from tests.fullfs import full_disk  # noqa: F401
 from tests.server.daemons import FORMATS, Api, Daemon, start_daemon
 
@@ -38,15 +40,26 @@ def fmt(request: pytest.FixtureRequest) -> str:
 
 
 class DaemonLikeServer(TestServer):
-    """aiohttp's TestServer with the runner `serve` uses (server.daemon.api_runner): the
-    same connection handling and the same direct route to the RPC handlers."""
+    """aiohttp's TestServer with the runner `serve` uses (server.http.transport.api_runner):
+    the same connection handling and the same direct route to the RPC handlers. As
+    `serve` does, it starts the node before serving and stops it after."""
 
-    def __init__(self, app: web.Application, config: ServeConfig, **kwargs: Any) -> None:
-        super().__init__(app, **kwargs)
-        self._config = config
+    def __init__(self, node: Node, **kwargs: Any) -> None:
+        super().__init__(create_app(node, token=kwargs.pop("token", None)), **kwargs)
+        self.node = node
 
     async def _make_runner(self, **kwargs: Any) -> BaseRunner:
-        return api_runner(self.app, self._config, **kwargs)
+        return api_runner(self.app, self.node.config, **kwargs)
+
+    async def start_server(self, **kwargs: Any) -> None:
+        await self.node.start()
+        await super().start_server(**kwargs)
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        finally:
+            await self.node.stop()
 
 
 @dataclass
@@ -64,8 +77,12 @@ class Served:
         return str(self.server.make_url("/")).rstrip("/")
 
     @property
-    def coordinator(self) -> Coordinator:
-        return self.app[COORDINATOR]
+    def node(self) -> Node:
+        return self.app[EDGE].node
+
+    @property
+    def edge(self) -> Edge:
+        return self.app[EDGE]
 
     def api(self, fmt: str = "json", *, token: str | None = None) -> Api:
         return Api(self.session, self.url, fmt, token=token if token is not None else self.token)
@@ -85,8 +102,9 @@ def serve_flags(data_dir: Path, flags: dict[str, Any]) -> argparse.Namespace:
 
 @pytest.fixture
 async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
-    """``await serve(**flags)``: build the app with ``create_app`` from ``serve`` flags,
-    serve it on 127.0.0.1, and wait until /readyz says ready (unless ``ready=False``)."""
+    """``await serve(**flags)``: build a node from ``serve`` flags and its app with
+    ``create_app``, serve it on 127.0.0.1, and wait until /readyz says ready (unless
+    ``ready=False``)."""
     started: list[Served] = []
 
     async def start(
@@ -100,20 +118,20 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
         directory = data_dir or tmp_path / f"data{len(started)}"
         # Reads the cluster file if one is given: off the loop.
         config = await asyncio.to_thread(load_serve_config, serve_flags(directory, flags), {})
-        app = create_app(
-            config,
-            config.cluster_map,
+        node = Node(config, config.cluster_map, fs=fs)
+        server = DaemonLikeServer(
+            node,
             token=token.encode() if token is not None else None,
-            fs=fs,
+            host="127.0.0.1",
+            port=0,
         )
-        server = DaemonLikeServer(app, config, host="127.0.0.1", port=0)
         await server.start_server()
         if config.cluster is None:
             # As the daemon does for --listen :0: advertise the port actually bound.
-            app[COORDINATOR].rebind(
+            node.rebind(
                 ClusterMap.single(config.node_id, "127.0.0.1", server.port, config.partitions)
             )
-        served = Served(config, app, server, aiohttp.ClientSession(), token)
+        served = Served(config, server.app, server, aiohttp.ClientSession(), token)
         started.append(served)
         if ready:
             await served.api().wait_ready()

@@ -1,6 +1,6 @@
 """Real daemons for the end-to-end tests, and a small HTTP client speaking docs/api.md.
 
-``start_daemon`` runs ``python -m server.cli serve`` in a child process (with the
+``start_daemon`` runs ``python -m server.commands.cli serve`` in a child process (with the
 repository root on ``PYTHONPATH``, so it works in a plain checkout and in an editable
 install alike) and returns once the child printed ``sharecoord listening on URL``.
 Everything here that waits on a process or a pipe is blocking: async tests call it
@@ -70,7 +70,7 @@ def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def run_cli(*args: str, env: Mapping[str, str] | None = None, timeout: float = 120.0) -> Any:
     """``sharecoord ARGS`` in a child process (blocking); the CompletedProcess."""
     return subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "server.commands.cli", *args],
         env=child_env(env),
         capture_output=True,
         text=True,
@@ -147,7 +147,7 @@ def start_daemon(
     log_dir = Path(log_dir) if log_dir is not None else Path(data_dir).parent
     log_dir.mkdir(parents=True, exist_ok=True)
     stderr_path = _free_path(log_dir, "daemon", ".stderr")
-    args = [sys.executable, "-m", "server.cli", "serve", "--data-dir", str(data_dir)]
+    args = [sys.executable, "-m", "server.commands.cli", "serve", "--data-dir", str(data_dir)]
     args += ["--listen", listen]
     if partitions is not None:
         args += ["--partitions", str(partitions)]

@@ -18,7 +18,7 @@ from persistence import FileOps, LogError, LogRecord, StateLog
 from persistence.journal import journal_dir, read_checkpoint
 from persistence.ownership import Assignment, read_assignment, read_owner
 from protocol.records import ShareKey, ShareSnapshot, encode_record
-from server.cli import main
+from server.commands.cli import main
 from server.partition_tools import export_partition
 from server.tools import log_verify
 from tests.planted_history import plant_history

@@ -1,7 +1,7 @@
 """Every error a user can cause is one line on stderr and exit 2 (usage) or 1 (the
 operation failed), found before anything expensive starts: no trace, no JVM, no daemon.
 
-Each row runs a real ``sharecoord`` process (``python -m server.cli``). Placeholders in
+Each row runs a real ``sharecoord`` process (``python -m server.commands.cli``). Placeholders in
 the arguments: ``{file}`` a regular file, ``{dir}`` a directory, ``{data}`` a valid data
 directory, ``{odd}`` a directory whose ``meta`` is a directory, ``{missing}`` a path
 that does not exist, ``{bad_toml}``, ``{latin1_toml}``,
@@ -506,10 +506,10 @@ def run(r: Row, places: Mapping[str, str]) -> subprocess.CompletedProcess[str]:
     if r.hide_modules:
         # None in sys.modules makes an import fail as if the package were not installed.
         hide = "; ".join(f"sys.modules[{m!r}] = None" for m in r.hide_modules)
-        head = [sys.executable, "-c", f"import sys; {hide}; from server.cli import main; "]
+        head = [sys.executable, "-c", f"import sys; {hide}; from server.commands.cli import main; "]
         head[-1] += "sys.exit(main())"
     else:
-        head = [sys.executable, "-m", "server.cli"]
+        head = [sys.executable, "-m", "server.commands.cli"]
     return subprocess.run(
         [*head, *(a.format(**places) for a in r.args)],
         env=env,
@@ -578,3 +578,23 @@ def test_the_console_script_reports_the_same_version() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout == f"sharecoord {importlib.metadata.version('sharecoord')}\n"
+
+
+@pytest.mark.parametrize(
+    "listen",
+    ["--listen 127.0.0.1:{silent}", "--listen 127.0.0.1:0 --kafka-listener 127.0.0.1:{silent}"],
+    ids=["http", "kafka"],
+)
+def test_a_taken_port_leaves_no_data_directory_behind(
+    listen: str, places: dict[str, str], tmp_path: Path
+) -> None:
+    """``serve`` binds its listen addresses before it makes or opens the data directory:
+    a port in use is one line and exit 1, and the directory it would have made is not
+    there (nor the log it would have loaded)."""
+    data_dir = tmp_path / "fresh"
+    done = run(row("taken", f"serve --data-dir {data_dir} {listen}", 1), places)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "cannot listen" in line and places["silent"] in line, line
+    assert not data_dir.exists()

@@ -764,7 +764,7 @@ async def test_once_the_daemon_stops_reading_bodies_a_body_still_arriving_is_cut
     has not all arrived is cut, not answered, however long the request timeout; one whose
     body is all there is still served."""
     served = await serve(request_timeout_s=600)
-    assert served.coordinator.stop_reading_bodies() == 0  # nobody was waiting
+    assert served.edge.stop_reading_bodies() == 0  # nobody was waiting
     reader, writer = await asyncio.open_connection("127.0.0.1", served.server.port)
     try:
         writer.write(
@@ -795,7 +795,7 @@ async def test_the_default_body_limit_is_4_mib(serve, fmt):
 async def test_a_bug_answers_500_with_code_minus_1_and_is_logged_with_a_trace(serve, fmt, caplog):
     """UNKNOWN_SERVER_ERROR (-1) is "a bug; logged with a trace": make the service fail."""
     served = await serve()
-    service = served.coordinator.require_service()
+    service = served.node.service
 
     async def broken(rpc: Any, request: Any) -> Any:
         raise RuntimeError("a bug in the service")

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.kafka_listener import CLOSES_SHOWN
+from server.kafka.listener import CLOSES_SHOWN
 from tests.hostile_strings import HOSTILE_STRINGS
 from tests.kafka_client import (
     STRING_POSITIONS,

@@ -105,7 +105,7 @@ def scram_add(path, user: str, mechanism: str, password: str, iterations: int | 
     """`sharecoord scram add`; ``iterations`` None leaves it its default."""
     flags = [] if iterations is None else ["--iterations", str(iterations)]
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", "scram", "add", "--file", str(path),
+        [sys.executable, "-m", "server.commands.cli", "scram", "add", "--file", str(path),
          "--user", user, "--mechanism", mechanism, *flags],
         input=password + "\n", capture_output=True, text=True, env=child_env(), cwd=REPO_ROOT,
         timeout=60, check=False,

@@ -23,9 +23,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from server.access_log import access_log_middleware
 from server.config import load_serve_config
-from server.http import create_app
+from server.http.access_log import access_log_middleware
+from server.http.app import create_app
+from server.node import Node
 from tests.server.daemons import (
     REPO_ROOT,
     START_TIMEOUT_S,
@@ -68,8 +69,9 @@ def children() -> Iterator[list[Child]]:
 def start(tmp_path: Path, *flags: str) -> Child:
     """``sharecoord serve`` with its output in files; returns once stdout has a line."""
     out, err = tmp_path / "stdout", tmp_path / "stderr"
-    command = [sys.executable, "-m", "server.cli", "serve", "--data-dir", str(tmp_path / "data")]
-    command += ["--listen", "127.0.0.1:0", "--partitions", "4", *flags]
+    command = [sys.executable, "-m", "server.commands.cli", "serve"]
+    command += ["--data-dir", str(tmp_path / "data"), "--listen", "127.0.0.1:0"]
+    command += ["--partitions", "4", *flags]
     with open(out, "wb") as stdout, open(err, "wb") as stderr:
         process = subprocess.Popen(
             command,
@@ -205,7 +207,7 @@ async def test_without_the_flag_access_lines_come_at_debug_only(
 
 def app_middlewares(**flags: str) -> list[Any]:
     config = load_serve_config(argparse.Namespace(data_dir="unused", **flags), {})
-    return list(create_app(config, config.cluster_map).middlewares)
+    return list(create_app(Node(config, config.cluster_map)).middlewares)
 
 
 def test_the_access_log_is_not_installed_when_off() -> None:

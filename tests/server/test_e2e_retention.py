@@ -17,7 +17,6 @@ import time
 
 import aiohttp
 
-from server.http import COORDINATOR
 from tests.server.daemons import TOPIC, Api, body, init_entry, partitions_in, read_entry
 
 NUM_PARTITIONS = 4
@@ -126,8 +125,8 @@ async def test_groups_without_state_leave_no_clock_behind(serve):
         entries = [init_entry(k, 1, 10) for k in keys("kept")]
         assert set(await api.codes("initialize", body("kept", (TOPIC, entries)))) == {0}
     # White-box: the map is what would grow; nothing outside shows its size.
-    assert off.app[COORDINATOR].require_service()._group_touched == {}
-    service = on.app[COORDINATOR].require_service()
-    assert len(service._group_touched) == 21
-    assert await service.expire_groups_once() == 0  # nothing is old enough to expire
-    assert set(service._group_touched) == {"kept"}
+    assert off.node.service.group_touched == {}
+    service = on.node.service
+    assert len(service.group_touched) == 21
+    assert await on.node.jobs.expire_groups_once() == 0  # nothing is old enough to expire
+    assert set(service.group_touched) == {"kept"}

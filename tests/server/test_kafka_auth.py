@@ -1,4 +1,4 @@
-"""The SCRAM credentials file of the Kafka listener (server/kafka_auth.py): salted keys
+"""The SCRAM credentials file of the Kafka listener (server/kafka/auth.py): salted keys
 only, written atomically with mode 0600, refused whole when it is not what it should be."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from protocol.sasl import (
     DecoyShape,
     derive_credential,
 )
-from server.kafka_auth import (
+from server.kafka.auth import (
     HANDSHAKE_FRAME_BYTES,
     CredentialsError,
     KafkaAuth,

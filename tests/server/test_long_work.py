@@ -54,7 +54,7 @@ def as_json(b: StateBatch) -> dict[str, int]:
 
 def held_runtimes(served: Any) -> HeldOffload:
     offload = HeldOffload()
-    for runtime in served.coordinator.service.runtimes.values():
+    for runtime in served.node.service.runtimes.values():
         runtime._offload = offload
     return offload
 
@@ -120,7 +120,7 @@ async def test_a_job_waits_for_a_long_write_on_its_partition(serve):
     (first,) = partitions_in(0, PARTITIONS, group_id=GROUP)
     assert await api.codes("initialize", body(GROUP, (TOPIC, [init_entry(first)]))) == [0]
     offload = held_runtimes(served)
-    service = served.coordinator.service
+    service = served.node.service
     long_write = asyncio.create_task(
         api.codes("write", body(GROUP, (TOPIC, [staircase_entry(first, 2 * OFFLOAD_BATCHES)])))
     )
@@ -128,7 +128,7 @@ async def test_a_job_waits_for_a_long_write_on_its_partition(serve):
     # Expiring the group would tombstone the key; it must not run before the write it
     # would otherwise slip under.
     expiry = asyncio.create_task(
-        server.service._run_job(
+        server.service.run_job(
             service.runtimes[0], lambda shard: shard.expire_groups(frozenset({GROUP}))
         )
     )

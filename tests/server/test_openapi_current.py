@@ -1,4 +1,4 @@
-"""Issue #11: openapi.yaml is what ``server.openapi`` generates from the schema
+"""Issue #11: openapi.yaml is what ``server.http.openapi`` generates from the schema
 declarations and the route table, so a change to either that is not regenerated fails
 here, naming where the two differ."""
 
@@ -13,9 +13,9 @@ import msgspec
 import pytest
 import yaml
 
-import server.openapi
-from server.http import ROUTES
-from server.openapi import openapi_document
+import server.http.openapi
+from server.http.app import ROUTES
+from server.http.openapi import openapi_document
 
 OPENAPI = Path(__file__).resolve().parents[2] / "openapi.yaml"
 
@@ -60,7 +60,7 @@ def test_a_changed_field_makes_it_stale(monkeypatch):
         replace(r, body=FindCoordinatorRequest) if r.path == "/v1/find-coordinator" else r
         for r in ROUTES
     )
-    monkeypatch.setattr(server.openapi, "ROUTES", routes)
+    monkeypatch.setattr(server.http.openapi, "ROUTES", routes)
     with pytest.raises(AssertionError, match="run `make openapi`") as failed:
         check_current(openapi_document(), yaml.safe_load(OPENAPI.read_text()))
     message = str(failed.value)
@@ -73,7 +73,7 @@ def test_a_changed_route_makes_it_stale(monkeypatch):
         replace(r, refusals=(*r.refusals, 408)) if r.path == "/v1/admin/state" else r
         for r in ROUTES
     )
-    monkeypatch.setattr(server.openapi, "ROUTES", routes)
+    monkeypatch.setattr(server.http.openapi, "ROUTES", routes)
     with pytest.raises(AssertionError, match="run `make openapi`") as failed:
         check_current(openapi_document(), yaml.safe_load(OPENAPI.read_text()))
     assert "/paths//v1/admin/state/get/responses/408" in str(failed.value)

@@ -53,7 +53,7 @@ def many_keys_history(keys: int, writes_per_key: int = 2) -> list[object]:
 def sharecoord(*args: str, output: IO[bytes] | int = subprocess.PIPE) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.Popen(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "server.commands.cli", *args],
         cwd=REPO_ROOT,
         env=env,
         stdout=output,

@@ -42,7 +42,7 @@ ACKED = 2  # Acknowledged
 def run(*args: str, timeout: float = JOB_TIMEOUT_S) -> tuple[int, str]:
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     done = subprocess.run(
-        [sys.executable, "-m", "server.cli", *args],
+        [sys.executable, "-m", "server.commands.cli", *args],
         cwd=REPO_ROOT,
         env=env,
         capture_output=True,
@@ -90,7 +90,7 @@ def start_daemon(data_dir: str) -> Daemon:
         [
             sys.executable,
             "-m",
-            "server.cli",
+            "server.commands.cli",
             "serve",
             "--data-dir",
             data_dir,

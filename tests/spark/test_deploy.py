@@ -21,7 +21,8 @@ import pyspark
 import pytest
 import yaml
 
-from server.cli import build_parser, run_audit, run_compact
+from server.commands.cli import build_parser
+from server.commands.spark import run_audit, run_compact
 from server.config import (
     AUDIT_SETTINGS,
     COMPACT_SETTINGS,

@@ -17,7 +17,7 @@ import pytest
 
 import spark_jobs
 from protocol.records import ShareKey, ShareSnapshot
-from server.cli import main as sharecoord
+from server.commands.cli import main as sharecoord
 from spark_jobs import audit, compact, submit
 from spark_jobs.audit_report import CHART_PNG, INDEX_HTML, SUMMARY_JSON
 from tests.spark.conftest import REPO_ROOT
@@ -238,7 +238,7 @@ def test_sharecoord_audit_streams_progress_and_exits_0_on_a_clean_log(
         [
             sys.executable,
             "-m",
-            "server.cli",
+            "server.commands.cli",
             "audit",
             "--data-dir",
             data_dir,

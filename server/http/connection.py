@@ -223,7 +223,7 @@ def _answer_http_errors(handler: ServerHandler) -> ServerHandler:
 class ApiAppRunner(web.AppRunner):
     """``web.AppRunner`` whose server is an ApiServer (see the module docstring).
     ``route`` may put a handler of its own in front of the app's (the server's
-    ``request_handler``, given the app's), as server.http.direct_rpc_handler does."""
+    ``request_handler``, given the app's), as server.http.app.direct_rpc_handler does."""
 
     def __init__(
         self,

@@ -1,5 +1,5 @@
-"""What a route of the HTTP API is: the shape of the one table (``server.http.ROUTES``)
-that ``create_app`` registers and ``server.openapi`` documents, so the two cannot drift.
+"""What a route of the HTTP API is: the shape of the one table (``server.http.app.ROUTES``)
+that ``create_app`` registers and ``server.http.openapi`` documents, so the two cannot drift.
 
 Bodies, answers and parameters are named by their msgspec declarations
 (``protocol.messages``, ``protocol.widths``): the OpenAPI schemas are generated from the
@@ -46,7 +46,7 @@ class Route:
     per app, binding their metric children once. A GET also answers HEAD (aiohttp's
     automatic route). ``refusals`` are the statuses the handler answers with the error
     body; those every route shares (417 from aiohttp, 401 on ``/v1/``, 400, 408, 413
-    and 415 where a body is read) are added by ``server.openapi``.
+    and 415 where a body is read) are added by ``server.http.openapi``.
     """
 
     method: Literal["GET", "POST", "PUT", "DELETE"]

@@ -1,11 +1,8 @@
-"""The Kafka listener (``--kafka-listener``): Kafka's binary protocol on its own socket,
-on the daemon's event loop, in front of the same service, runtimes and group commit as
-HTTP (docs/api.md#the-kafka-listener).
-
-One ``KafkaConnection`` (an ``asyncio.Protocol``) per client:
+"""One ``KafkaConnection`` (an ``asyncio.Protocol``) per client of the Kafka listener
+(``server.kafka.listener``, docs/api.md#the-kafka-listener):
 
 * Admission: at most ``--kafka-max-connections`` are open; one more is accepted and cut
-  off at once (counted, and logged at most once a second with how many were refused).
+  off at once (the listener counts it, and logs at most once a second how many).
 * Framing: a 4-byte size, then that many bytes. A size above the limit (or below the
   smallest header) closes the connection before a byte of the body is kept. The limit
   is ``--max-body-bytes`` once the connection has authenticated (or when SASL is off);
@@ -26,19 +23,12 @@ One ``KafkaConnection`` (an ``asyncio.Protocol``) per client:
 * Deadlines, as on HTTP (``--request-timeout-s``): a connection that sends no whole
   request within it (idle, or a frame that does not complete) is closed, unless it is
   waiting for our answers; one that does not take its answers within it is cut off.
-* Anything Kafka would close the connection for closes it (``kafka_handlers``); the
-  daemon serves everyone else. A close the client caused (a frame that does not parse,
-  an API or version we do not serve, a request before or a failure of authentication,
-  a frame too large) is logged at info with the reason and the peer, at most
-  ``CLOSES_SHOWN`` lines a second and then one line with how many were not shown; the
-  others (idle, shutdown, a bug already logged with its trace) at debug.
-
-TLS, from the first byte, uses the HTTP listener's context (``--tls-cert``,
-``--tls-key``, ``--tls-client-ca``); a TLS connection counts against the cap once its
-handshake is done (which ``--request-timeout-s`` bounds).
-
-``KafkaListener.stop`` is the shutdown: stop accepting, stop reading, let the answers in
-flight finish within ``--shutdown-timeout-s``, then close every connection.
+* Anything Kafka would close the connection for closes it (``server.kafka.handlers``);
+  the daemon serves everyone else. A close the client caused (a frame that does not
+  parse, an API or version we do not serve, a request before or a failure of
+  authentication, a frame too large) is logged at info with the reason and the peer,
+  throttled by the listener; the others (idle, shutdown, a bug already logged with its
+  trace) at debug.
 """
 
 from __future__ import annotations
@@ -46,27 +36,20 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import socket
-import ssl
 from collections.abc import Coroutine
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from server.config import ServeConfig, parse_listen
-from server.http import Coordinator
-from server.kafka_auth import KafkaAuth, SaslSession
-from server.kafka_handlers import CloseConnection, KafkaApi
-from server.logs import ThrottledLog, log_event
-from server.metrics import ShareCoordinatorMetrics
+from server.kafka.auth import SaslSession
+from server.kafka.handlers import CloseConnection
 from server.service import InOrder
+
+if TYPE_CHECKING:
+    from server.kafka.listener import KafkaListener
 
 _log = logging.getLogger("sharecoord.kafka")
 
 MAX_IN_FLIGHT = 32
 _MIN_FRAME = 8  # api key, version, correlation id: no request is shorter
-REFUSALS_LOG_INTERVAL_S = 1.0  # at most one line this often about refused connections
-# Closes a client caused, logged at info: at most CLOSES_SHOWN lines a second.
-CLOSES_SHOWN = 5
-CLOSES_LOG_INTERVAL_S = 1.0
 CLIENT_FAULTS = frozenset(
     {"malformed", "unsupported", "unauthenticated", "authentication_failed", "too_large"}
 )
@@ -367,157 +350,9 @@ class KafkaConnection(asyncio.Protocol):
         self._writable.set()
 
 
-class KafkaListener:
-    def __init__(
-        self,
-        api: KafkaApi,
-        metrics: ShareCoordinatorMetrics,
-        *,
-        max_frame: int,
-        timeout: float,
-        ssl_context: ssl.SSLContext | None,
-        max_connections: int,
-    ) -> None:
-        self.api = api
-        self.metrics = metrics
-        self.max_frame = max_frame
-        self.timeout = timeout
-        self.ssl_context = ssl_context
-        self.max_connections = max_connections
-        self.connections: set[KafkaConnection] = set()
-        self.in_flight = 0
-        self.stopping = False
-        self.drained = 0
-        self.idle = asyncio.Event()
-        self._server: asyncio.AbstractServer | None = None
-        self.closes = ThrottledLog(
-            _log,
-            "info",
-            "Kafka listener: more connections closed than shown",
-            burst=CLOSES_SHOWN,
-            interval_s=CLOSES_LOG_INTERVAL_S,
-        )
-        self._refused_unlogged = 0
-        self._refusals_timer: asyncio.TimerHandle | None = None
-
-    def refused(self) -> None:
-        """A connection over ``--kafka-max-connections`` was cut off: counted at once,
-        logged at most once every ``REFUSALS_LOG_INTERVAL_S`` with how many since the
-        last line (a flood of connections must not become a flood of lines)."""
-        self.metrics.kafka_refused.inc()
-        self._refused_unlogged += 1
-        if self._refusals_timer is None:
-            self._log_refusals()
-            self._refusals_timer = asyncio.get_running_loop().call_later(
-                REFUSALS_LOG_INTERVAL_S, self._refusals_due
-            )
-
-    def _refusals_due(self) -> None:
-        if self._refused_unlogged:
-            self._log_refusals()
-            self._refusals_timer = asyncio.get_running_loop().call_later(
-                REFUSALS_LOG_INTERVAL_S, self._refusals_due
-            )
-        else:
-            self._refusals_timer = None
-
-    def _log_refusals(self) -> None:
-        log_event(
-            _log,
-            "warning",
-            "Kafka listener: connections refused, at kafka_max_connections",
-            refused=self._refused_unlogged,
-            open=len(self.connections),
-            kafka_max_connections=self.max_connections,
-        )
-        self._refused_unlogged = 0
-
-    async def start(self, sock: socket.socket) -> tuple[str, int]:
-        """Serve on a bound, listening socket; returns its address."""
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: KafkaConnection(self),
-            sock=sock,
-            ssl=self.ssl_context,
-            ssl_handshake_timeout=self.timeout if self.ssl_context else None,
-        )
-        sockets: Any = self._server.sockets
-        bound = sockets[0].getsockname()
-        self.api.advertised = (str(bound[0]), int(bound[1]))
-        return self.api.advertised
-
-    async def stop(self, timeout: float) -> tuple[int, int]:
-        """Stop accepting and reading, wait for the answers in flight (at most
-        ``timeout`` seconds), close every connection. Returns (drained, cut off)."""
-        self.stopping = True
-        if self._server is not None:
-            self._server.close()
-        for connection in list(self.connections):
-            connection.pause_for_shutdown()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while self.in_flight > 0 and loop.time() < deadline:
-            self.idle.clear()
-            try:
-                await asyncio.wait_for(self.idle.wait(), max(0.0, deadline - loop.time()))
-            except asyncio.TimeoutError:
-                break
-        cut_off = self.in_flight
-        for connection in list(self.connections):
-            connection.close("shutdown")
-        if self._refusals_timer is not None:
-            self._refusals_timer.cancel()
-            self._refusals_timer = None
-        if self._refused_unlogged:
-            self._log_refusals()
-        self.closes.close()
-        if self._server is not None:
-            await self._server.wait_closed()
-        return self.drained, cut_off
-
-
 def _address(peer: Any) -> str:
     """``host:port`` (``[host]:port`` for IPv6) of a socket address, as the log shows it."""
     if not isinstance(peer, tuple) or len(peer) < 2:
         return "unknown"
     host = str(peer[0])
     return f"[{host}]:{peer[1]}" if ":" in host else f"{host}:{peer[1]}"
-
-
-def bind_kafka_socket(address: str) -> socket.socket:
-    """Bind and listen at ``--kafka-listener`` before anything else starts, so that an
-    address in use is one line and no opened log. ``OSError`` if it cannot be bound."""
-    host, port = parse_listen(address)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return socket.create_server((host, port), family=family, backlog=1024)
-
-
-async def start_kafka_listener(
-    coordinator: Coordinator,
-    config: ServeConfig,
-    ssl_context: ssl.SSLContext | None,
-    auth: KafkaAuth,
-    sock: socket.socket,
-) -> tuple[KafkaListener, str, int]:
-    """Build the listener on the app's coordinator and serve on ``sock``; returns it
-    with the bound host and port."""
-    api = KafkaApi(
-        coordinator.require_service,
-        lambda: coordinator.cluster,
-        coordinator.metrics,
-        coordinator.limits,
-        auth,
-        config.node_id,
-        single_node=config.cluster is None,
-        offload=coordinator.offload,
-    )
-    listener = KafkaListener(
-        api,
-        coordinator.metrics,
-        max_frame=config.max_body_bytes,
-        timeout=config.request_timeout_s,
-        ssl_context=ssl_context,
-        max_connections=config.kafka_max_connections,
-    )
-    bound_host, bound_port = await listener.start(sock)
-    return listener, bound_host, bound_port

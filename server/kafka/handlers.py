@@ -29,7 +29,7 @@ from protocol.kafka_wire import Reader, WireError
 from protocol.messages import FindCoordinatorRequest, Rpc, ShareGroupStateResponse
 from protocol.sasl import SaslFailed
 from server.cluster import ClusterMap
-from server.kafka_auth import KafkaAuth, SaslSession
+from server.kafka.auth import KafkaAuth, SaslSession
 from server.metrics import CounterChild, HistogramChild, ShareCoordinatorMetrics
 from server.offload import OFFLOAD_BODY_BYTES, Offload
 from server.service import CoordinatorService, InOrder, Place
@@ -53,7 +53,7 @@ _NO_NODE = (-1, "", -1)
 
 class CloseConnection(Exception):
     """Kafka closes the connection here; ``reason`` labels the metric, the message is
-    logged at info with the peer, throttled (``server.kafka_listener``): it is the
+    logged at info with the peer, throttled (``server.kafka.connection``): it is the
     client's doing, not a bug. ``answer``, when set, is sent before closing (a failed
     authentication says why)."""
 

@@ -1,0 +1,1 @@
+"""The ``sharecoord`` command (docs/api.md#cli): one module per family of commands."""

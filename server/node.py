@@ -1,0 +1,332 @@
+"""One sharecoord node (docs/design.md#one-node-two-transports): its configuration, its
+state store, one runtime per state partition it owns, the coordinator service over them,
+the metrics, the offload thread, the topic catalog, and their lifecycle.
+
+It imports no transport. HTTP (``server.http``) and Kafka's protocol (``server.kafka``)
+are two ways into the same node, each an adapter over a started ``Node``;
+``server.daemon`` composes them. The lifecycle, in order:
+
+1. ``Node(config, cluster)``: nothing is read or made on disk yet (``serve`` binds its
+   listen addresses first, so that a port in use leaves no data directory behind).
+2. ``start``: open the state store (the data directory is made if new), load the topic
+   catalog, build the runtimes and the service, start the group commit and the
+   periodic jobs (``server.jobs``: pruning, cold snapshots, compaction commits, state
+   retention, unfinished topic deletions), and load the state partitions in the
+   background.
+3. Ready: ``loading`` is true until every owned state partition loaded or failed and
+   the topic deletions a stop left were finished; ``failures`` says which failed, why.
+4. ``drain``: each transport that ``serves`` the node, the last one first, stops
+   taking requests and finishes those in flight within ``--shutdown-timeout-s``.
+5. ``stop``: stop the jobs and the loading, commit what is left, close the log;
+   ``not_durable`` then names the partitions the final commit left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from persistence import FileOps
+from protocol import codec
+from protocol.messages import Rpc
+from protocol.shard import ShardConfig
+from server.catalog import TopicCatalog
+from server.cluster import ClusterMap, format_partitions
+from server.config import ServeConfig
+from server.jobs import JobIntervals, PeriodicJobs
+from server.metrics import CounterChild, ShareCoordinatorMetrics
+from server.offload import Offload, watch_loop_lag
+from server.runtime import PartitionRuntime, Status
+from server.service import CoordinatorService
+from server.store import StateStore
+
+_log = logging.getLogger("sharecoord.node")
+
+# Partitions loaded at once: loading is CPU-bound under the GIL, two keep the disk busy.
+LOAD_CONCURRENCY = 2
+
+
+@dataclass
+class Drained:
+    """What a drain did: requests answered after the stop began, and requests cut off
+    (never answered: cut waiting for their body, or still running at the deadline)."""
+
+    drained: int = 0
+    cut_off: int = 0
+
+
+class Transport(Protocol):
+    """A way into the node, as its drain sees it (``server.http``, ``server.kafka``)."""
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being handled now."""
+        ...
+
+    async def stop(self) -> Drained:
+        """Stop taking requests, finish those in flight within ``--shutdown-timeout-s``,
+        close the connections."""
+        ...
+
+
+class NodeNotStarted(RuntimeError):
+    """The service was asked for before ``Node.start`` built it (a bug of the caller:
+    the transports serve a started node)."""
+
+
+class Node:
+    def __init__(
+        self, config: ServeConfig, cluster: ClusterMap, *, fs: FileOps | None = None
+    ) -> None:
+        self.config = config
+        self.cluster = cluster
+        self.fs = fs
+        self.metrics = ShareCoordinatorMetrics()
+        self.offload = Offload()
+        # The request limits both transports decode with.
+        self.limits = codec.Limits(
+            max_entries_per_request=config.max_entries_per_request,
+            max_state_batches_per_entry=config.max_state_batches_per_entry,
+            max_group_id_bytes=config.max_group_id_bytes,
+        )
+        self.store: StateStore | None = None
+        self.runtimes: dict[int, PartitionRuntime] = {}
+        self._service: CoordinatorService | None = None
+        self._jobs: PeriodicJobs | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._transports: list[Transport] = []
+        self._stopped = False
+
+    @property
+    def service(self) -> CoordinatorService:
+        if self._service is None:
+            raise NodeNotStarted("the node has not started")
+        return self._service
+
+    @property
+    def jobs(self) -> PeriodicJobs:
+        if self._jobs is None:
+            raise NodeNotStarted("the node has not started")
+        return self._jobs
+
+    def rebind(self, cluster: ClusterMap) -> None:
+        """Advertise another address for this node (the port bound for --listen :0)."""
+        self.cluster = cluster
+        if self._service is not None:
+            self._service.cluster = cluster
+
+    # --- start ----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the store and build what serves from it; the partitions load in the
+        background. Raises what opening the log or the catalog raised (``LogError``,
+        ``CatalogError``, ``OSError``), with nothing left open."""
+        config = self.config
+        runtimes = self.runtimes
+
+        def partition_failed(partition: int, cause: BaseException) -> None:
+            runtime = runtimes.get(partition)
+            if runtime is not None:
+                runtime.on_durability_failure(cause)
+
+        def disk_full(cause: BaseException | None) -> None:
+            for runtime in runtimes.values():
+                runtime.journal_full(cause)
+
+        store = await StateStore.open(
+            config,
+            self.cluster,
+            self.metrics,
+            fs=self.fs,
+            on_partition_failure=partition_failed,
+            on_disk_full=disk_full,
+        )
+        owned = sorted(self.cluster.owned_by(config.node_id))
+        try:
+            catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir, self.fs)
+            self._build(store, catalog, owned)
+        except BaseException:
+            await store.close()
+            _log.info("state log closed")
+            raise
+        self.store = store
+        service = self.service
+        store.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(_load_all(runtimes, service), name="load"),
+            loop.create_task(watch_loop_lag(self.metrics.event_loop_lag.labels()), name="loop-lag"),
+        ]
+        service.start()
+        self.jobs.start()
+        _log.info(
+            "serving state partitions %s of %d from %s",
+            format_partitions(owned) or "none",
+            config.partitions,
+            config.data_dir,
+        )
+
+    def _build(self, store: StateStore, catalog: TopicCatalog, owned: list[int]) -> None:
+        """One runtime per owned state partition, and the service over them."""
+        config = self.config
+        metrics = self.metrics
+        shard_config = ShardConfig(
+            records_per_snapshot=config.snapshot_update_records_per_snapshot,
+            cold_partition_snapshot_interval_ms=config.cold_partition_snapshot_interval_ms,
+            max_state_batches=config.max_state_batches_per_share_partition,
+        )
+        committer = store.committer
+        runtimes = self.runtimes
+        for partition in owned:
+            runtimes[partition] = PartitionRuntime(
+                partition,
+                store.log.partition(partition),
+                shard_config,
+                metadata=catalog if config.topic_catalog else None,
+                metrics=metrics,
+                exclusive=committer.run_exclusive,
+                room=store.room,
+                before_serving=committer.prepared,
+                offload=self.offload,
+            )
+            _track(metrics, runtimes[partition])
+        metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))
+        service = self._service = CoordinatorService(
+            runtimes=runtimes,
+            committer=committer,
+            cluster=self.cluster,
+            node_id=config.node_id,
+            catalog=catalog,
+            write_timeout_ms=config.write_timeout_ms,
+            track_touches=config.state_retention_ms > 0,
+            on_entry_results=_results_recorder(metrics),
+        )
+        self._jobs = PeriodicJobs(
+            service,
+            JobIntervals(
+                prune_ms=config.prune_interval_ms,
+                cold_snapshot_ms=config.cold_partition_snapshot_interval_ms,
+                compaction_commit_ms=config.compaction_commit_interval_ms,
+                state_retention_ms=config.state_retention_ms,
+            ),
+            on_pruned=lambda partition, mark: metrics.last_pruned_offset.labels(partition).set(
+                mark
+            ),
+        )
+
+    # --- ready ----------------------------------------------------------------------
+
+    def loading(self) -> bool:
+        """Not ready yet: not started, or a partition still loading (``/readyz``)."""
+        return self._service is None or self._service.loading()
+
+    def failures(self) -> list[tuple[int, str]]:
+        """The failed state partitions, each with why."""
+        return [] if self._service is None else self._service.failures()
+
+    # --- drain ----------------------------------------------------------------------
+
+    def serves(self, transport: Transport) -> None:
+        """``transport`` takes requests for this node from now on; ``drain`` stops it."""
+        self._transports.append(transport)
+
+    @property
+    def in_flight(self) -> int:
+        """Requests being handled now, over every transport."""
+        return sum(transport.in_flight for transport in self._transports)
+
+    async def drain(self) -> Drained:
+        """Stop every transport, the last one that began serving first, each finishing
+        its requests in flight within ``--shutdown-timeout-s``: the log is still open
+        for them. Returns the sum of what they drained and cut off."""
+        total = Drained()
+        while self._transports:
+            done = await self._transports.pop().stop()
+            total.drained += done.drained
+            total.cut_off += done.cut_off
+        return total
+
+    # --- stop -----------------------------------------------------------------------
+
+    async def stop(self) -> None:
+        """After the drain: stop the loading and the jobs, close the runtimes and the
+        offload thread, commit what is left and close the log. Once: a second call
+        does nothing."""
+        store = self.store
+        if store is None or self._stopped:
+            return
+        self._stopped = True
+        try:
+            for runtime in self.runtimes.values():
+                runtime.stop()  # replays in threads end now, not when the log does
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            if self._jobs is not None:
+                await self._jobs.stop()
+            if self._service is not None:
+                await self._service.stop()
+            for runtime in self.runtimes.values():
+                await runtime.close()
+            await asyncio.to_thread(self.offload.close)
+        finally:
+            await store.close()
+            _log.info("state log closed")
+
+    def not_durable(self) -> list[int]:
+        """The state partitions whose log ends past its last fsync (only a failed one
+        can, once stopped)."""
+        return [] if self.store is None else self.store.not_durable()
+
+
+def _results_recorder(metrics: ShareCoordinatorMetrics) -> Callable[[Rpc, dict[int, int]], None]:
+    results = metrics.partition_results
+    children: dict[tuple[Rpc, int], CounterChild] = {}  # a few RPCs times a few codes
+
+    def record(rpc: Rpc, codes: dict[int, int]) -> None:
+        for code, count in codes.items():
+            child = children.get((rpc, code))
+            if child is None:
+                child = children[rpc, code] = results.labels(rpc.value, code)
+            child.inc(count)
+
+    return record
+
+
+def _track(metrics: ShareCoordinatorMetrics, runtime: PartitionRuntime) -> None:
+    log = runtime.log
+    metrics.track_partition(
+        runtime.partition,
+        status=lambda: runtime.status.value,
+        keys=lambda: len(runtime.shard),
+        log_start_offset=lambda: log.log_start_offset,
+        log_end_offset=lambda: log.log_end_offset,
+        segments=lambda: len(log.segments),
+        size_bytes=lambda: log.size_bytes,
+    )
+
+
+async def _load_all(runtimes: dict[int, PartitionRuntime], service: CoordinatorService) -> None:
+    started = time.perf_counter()
+    gate = asyncio.Semaphore(LOAD_CONCURRENCY)
+
+    async def load(runtime: PartitionRuntime) -> None:
+        async with gate:
+            await runtime.load()
+
+    await asyncio.gather(*(load(r) for r in runtimes.values()))
+    failed = [p for p, r in runtimes.items() if r.status is Status.FAILED]
+    _log.info(
+        "loaded %d state partitions in %.2fs%s",
+        len(runtimes),
+        time.perf_counter() - started,
+        f"; failed: {failed} (they answer 15, the rest serve)" if failed else "",
+    )
+    await service.after_load()
