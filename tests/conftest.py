@@ -10,6 +10,9 @@ from blockbuster import BlockBuster, blockbuster_ctx
 
 from tests.pki import Pki, make_pki
 
+# The daemon harness's fixtures (daemons, spawn) for every test.
+pytest_plugins = ("tests.harness.fixtures",)
+
 
 @pytest.fixture(autouse=True)
 def blockbuster() -> Iterator[BlockBuster]:
