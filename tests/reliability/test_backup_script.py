@@ -23,8 +23,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.planted_history import history_of, plant_history
-from tests.server.daemons import (
+from tests.harness import (
     INITIAL,
     REPO_ROOT,
     TOPIC,
@@ -34,6 +33,7 @@ from tests.server.daemons import (
     child_env,
     next_write,
 )
+from tests.planted_history import history_of, plant_history
 
 NUM_PARTITIONS = 8
 KEYS = 16

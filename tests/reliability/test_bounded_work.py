@@ -24,9 +24,7 @@ import aiohttp
 import pytest
 
 from protocol.batches import StateBatch, combine_state_batches
-from tests.protocol.batch_shapes import SHAPES, disjoint_over_stored, stored_alternating
-from tests.reliability.test_memory_bounded import rss_kib
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
     Api,
     batch,
@@ -36,6 +34,8 @@ from tests.server.daemons import (
     metric_value,
     write_entry,
 )
+from tests.protocol.batch_shapes import SHAPES, disjoint_over_stored, stored_alternating
+from tests.reliability.test_memory_bounded import rss_kib
 
 GROUP = "bounded-work"
 PROBE_GROUP = "bystander"
