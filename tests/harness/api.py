@@ -43,7 +43,7 @@ def partitions_in(
 ) -> list[int]:
     """The first ``count`` partition numbers >= ``start`` of ``group_id``/``topic_id``
     whose keys belong to ``state_partition`` (topic id in its 22-char form)."""
-    found = []
+    found: list[int] = []
     partition = start
     while len(found) < count:
         if partition_for(group_id, topic_id, partition, num_partitions) == state_partition:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import signal
 import stat
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -17,7 +18,7 @@ from tests.kafka_client import kafka_address
 
 
 async def test_a_started_daemon_is_ready_and_comes_back_on_its_port(
-    daemons: Daemons, tmp_path
+    daemons: Daemons, tmp_path: Path
 ) -> None:
     daemon = daemons.make(tmp_path / "data", "--log-format", "json", partitions=3)
     await asyncio.to_thread(daemon.start)
@@ -38,7 +39,9 @@ async def test_a_started_daemon_is_ready_and_comes_back_on_its_port(
     assert said.count("stopped") == 1  # one clean stop, and both starts' lines kept
 
 
-async def test_a_token_and_a_kafka_listener_come_from_the_config(spawn: Spawn, tmp_path) -> None:
+async def test_a_token_and_a_kafka_listener_come_from_the_config(
+    spawn: Spawn, tmp_path: Path
+) -> None:
     daemon = await spawn(tmp_path / "data", token="s3cr3t", kafka_listener="127.0.0.1:0")
     assert daemon.token_file is not None
     mode = (await asyncio.to_thread(daemon.token_file.stat)).st_mode
@@ -50,7 +53,7 @@ async def test_a_token_and_a_kafka_listener_come_from_the_config(spawn: Spawn, t
         assert (await Api(session, daemon.url, token="s3cr3t").request("GET", admin)).status == 200
 
 
-async def test_a_daemon_that_cannot_start_says_why(spawn: Spawn, tmp_path) -> None:
+async def test_a_daemon_that_cannot_start_says_why(spawn: Spawn, tmp_path: Path) -> None:
     with pytest.raises(DaemonExited) as info:
         await spawn(tmp_path / "data", "--no-such-flag")
     assert info.value.code == 2

@@ -17,7 +17,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -56,14 +56,36 @@ def _pauses(timeout: float, max_pause: float) -> Iterator[float]:
     return pauses()
 
 
+@overload
 async def wait_until(
-    condition: Callable[[], Awaitable[T]] | Callable[[], T],
+    condition: Callable[[], Awaitable[T]],
     what: str,
     *,
-    until: Callable[[T], bool] = _truthy,
+    until: Callable[[T], bool] = ...,
+    timeout: float = ...,
+    max_pause: float = ...,
+) -> T: ...
+
+
+@overload
+async def wait_until(
+    condition: Callable[[], T],
+    what: str,
+    *,
+    until: Callable[[T], bool] = ...,
+    timeout: float = ...,
+    max_pause: float = ...,
+) -> T: ...
+
+
+async def wait_until(
+    condition: Callable[[], Any],
+    what: str,
+    *,
+    until: Callable[[Any], bool] = _truthy,
     timeout: float = WAIT_TIMEOUT_S,
     max_pause: float = MAX_PAUSE_S,
-) -> T:
+) -> Any:
     """``condition()`` (awaited if it returns an awaitable) until ``until`` holds for its
     value; the value then. Exceptions from ``condition`` end the wait at once."""
     pauses = _pauses(timeout, max_pause)
@@ -72,7 +94,7 @@ async def wait_until(
         if inspect.isawaitable(value):
             value = await value
         if until(value):
-            return cast(T, value)
+            return value
         pause = next(pauses, None)
         if pause is None:
             raise WaitTimeout(what, timeout, value)
