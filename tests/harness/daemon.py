@@ -3,13 +3,14 @@
 A ``DaemonConfig`` says how to start one daemon: its data directory, where it listens
 (HTTP and the Kafka listener), how many state partitions, a bearer token, any other
 setting as ``serve`` flags, and its environment. ``Daemon(config).start()`` runs
-``python -m server.cli serve`` in a child process (the repository root on
-``PYTHONPATH``, so it works in a plain checkout and in an editable install alike), reads
-its "listening" line (text or JSON), and waits with ``wait_until_blocking`` until
-/readyz answers 200. ``terminate`` (SIGTERM), ``kill`` (SIGKILL) and ``wait`` give its
-exit code; its stderr goes to a file (``stderr_text``: every run of it), every stdout
-line of its current run to ``stdout_lines``. A daemon started again after it stopped
-listens on the same port, so its clients find it where they left it.
+``sharecoord serve`` (``SHARECOORD``: this interpreter and the module of the script) in
+a child process (the repository root on ``PYTHONPATH``, so it works in a plain checkout
+and in an editable install alike), reads its "listening" line (text or JSON), and waits
+with ``wait_until_blocking`` until /readyz answers 200. ``terminate`` (SIGTERM), ``kill``
+(SIGKILL) and ``wait`` give its exit code; its stderr goes to a file (``stderr_text``:
+every run of it), every stdout line of its current run to ``stdout_lines``. A daemon
+started again after it stopped listens on the same port, so its clients find it where
+they left it.
 
 Everything here blocks (fork, pipe reads, waits): async tests call it through
 ``asyncio.to_thread``, or use the ``spawn`` fixture (tests/harness/fixtures.py).
@@ -36,8 +37,8 @@ from pathlib import Path
 from tests.harness.wait import WAIT_TIMEOUT_S, wait_until_blocking
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# How every test runs a sharecoord command: this interpreter, the module the
-# `sharecoord` script runs.
+# How every test runs a sharecoord command: this interpreter and the module the
+# `sharecoord` script of pyproject.toml runs (the one place that names it).
 SHARECOORD = (sys.executable, "-m", "server.cli")
 
 # A safety net against a hung test, never a timing assertion.
