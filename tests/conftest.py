@@ -7,11 +7,19 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from blockbuster import BlockBuster, blockbuster_ctx
 
-from tests.figures import print_figures
-from tests.pki import Pki, make_pki
-from tests.postgres import PostgresMissing, PostgresServer, server_root
+# The harness's asserts are rewritten as a test's are; it must be said before the first
+# import of it (tests.postgres below waits with it).
+pytest.register_assert_rewrite("tests.harness")
+
+from blockbuster import BlockBuster, blockbuster_ctx  # noqa: E402
+
+from tests.figures import print_figures  # noqa: E402
+from tests.pki import Pki, make_pki  # noqa: E402
+from tests.postgres import PostgresMissing, PostgresServer, server_root  # noqa: E402
+
+# The daemon harness's fixtures (daemons, spawn) for every test.
+pytest_plugins = ("tests.harness.fixtures",)
 
 
 @pytest.fixture(autouse=True)

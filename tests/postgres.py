@@ -34,6 +34,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.harness.wait import wait_until_blocking
+
 # Safety nets against a hung test, never timing assertions.
 START_TIMEOUT_S = 120
 QUERY_TIMEOUT_S = 60
@@ -216,9 +218,11 @@ class PostgresServer:
         if sig == signal.SIGKILL:
             # Its backends notice the postmaster's death and exit; wait for them so the
             # port is free and nothing of it answers any more.
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while _children(pid) and time.monotonic() < deadline:
-                time.sleep(0.05)
+            wait_until_blocking(
+                lambda: not _children(pid),
+                f"the backends of {self!r} to exit",
+                timeout=START_TIMEOUT_S,
+            )
 
     def freeze(self) -> None:
         """SIGSTOP the postmaster and every backend: a server that hangs."""
@@ -267,10 +271,9 @@ class PostgresServer:
 
     def wait_for(self, sql: str, timeout_s: float = START_TIMEOUT_S) -> None:
         """Poll until `sql` returns a row (a safety net, not a timing assertion)."""
-        deadline = time.monotonic() + timeout_s
-        while not self.execute(sql):
-            assert time.monotonic() < deadline, f"{self!r}: never true: {sql}"
-            time.sleep(0.05)
+        wait_until_blocking(
+            lambda: self.execute(sql), f"{self!r} to answer {sql}", timeout=timeout_s
+        )
 
     def log_text(self) -> str:
         try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.daemons import child_env
+from tests.harness import child_env
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -6,7 +6,6 @@ import asyncio
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -14,7 +13,7 @@ import pytest
 
 from client import ShareCoordinatorClient
 from protocol.topic_id import topic_id_to_rfc4122
-from tests.client.daemons import Daemon, metric
+from tests.harness import Api, Daemon, DaemonConfig, metric_total
 
 # Two spellings of one Kafka topic id (docs/semantics.md §1.2): 22-char base64url and RFC 4122.
 TOPIC = "WwwvDo06T2ueIXxNGis8TQ"
@@ -27,25 +26,11 @@ _groups = itertools.count()
 @pytest.fixture(scope="session")
 def shared_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """One daemon for the tests whose behaviour is per key: each uses its own group."""
-    daemon = Daemon(tmp_path_factory.mktemp("shared") / "data").start()
+    directory = tmp_path_factory.mktemp("shared")
+    # The daemon's default number of state partitions (50), the client's default too.
+    daemon = Daemon(DaemonConfig(directory / "data", partitions=None)).start()
     yield daemon
     daemon.stop()
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
-    """Make daemons (not started) whose processes end with the test."""
-    made: list[Daemon] = []
-    names = itertools.count()
-
-    def make(**kwargs: Any) -> Daemon:
-        daemon = Daemon(tmp_path / f"data{next(names)}", **kwargs)
-        made.append(daemon)
-        return daemon
-
-    yield make
-    for daemon in made:
-        daemon.stop()
 
 
 @pytest.fixture
@@ -105,22 +90,22 @@ def request_ended(path_suffix: str) -> tuple[aiohttp.TraceConfig, asyncio.Event]
 
 
 async def scrape(daemon: Daemon) -> str:
-    async with aiohttp.ClientSession() as session, session.get(f"{daemon.url}/metrics") as r:
-        return await r.text()
+    async with aiohttp.ClientSession() as session:
+        return await Api(session, daemon.url).metrics()
 
 
 async def rpc_requests(daemon: Daemon, rpc: str) -> float:
     """RPC requests the daemon answered for ``rpc`` (any outcome)."""
-    return metric(await scrape(daemon), "sharecoord_rpc_requests_total", rpc=rpc)
+    return metric_total(await scrape(daemon), "sharecoord_rpc_requests_total", rpc=rpc)
 
 
 async def refused_requests(daemon: Daemon, rpc: str) -> float:
     """Requests for ``rpc`` the daemon refused whole (HTTP 400, code 42)."""
     text = await scrape(daemon)
-    return metric(text, "sharecoord_rpc_requests_total", rpc=rpc, outcome="42")
+    return metric_total(text, "sharecoord_rpc_requests_total", rpc=rpc, outcome="42")
 
 
 async def entry_results(daemon: Daemon, rpc: str, code: int) -> float:
     """Partition entries of ``rpc`` the daemon answered with ``code``."""
     text = await scrape(daemon)
-    return metric(text, "sharecoord_partition_results_total", rpc=rpc, error_code=str(code))
+    return metric_total(text, "sharecoord_partition_results_total", rpc=rpc, error_code=str(code))

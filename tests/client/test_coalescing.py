@@ -20,7 +20,7 @@ from client import (
     WritePartition,
 )
 from tests.client.conftest import TOPIC, TOPIC_RFC4122, refused_requests, rpc_requests, scrape
-from tests.client.daemons import Daemon, metric
+from tests.harness import Daemon, DaemonConfig, metric_total
 
 ENTRY_LIMIT = 10
 BODY_LIMIT = 8192
@@ -30,17 +30,16 @@ BATCH_LIMIT = 50
 @pytest.fixture(scope="module")
 def limited_daemon(tmp_path_factory: pytest.TempPathFactory):
     """A daemon with small limits, to see requests split to fit them."""
-    daemon = Daemon(
-        tmp_path_factory.mktemp("limited") / "data",
-        args=[
-            "--max-entries-per-request",
-            str(ENTRY_LIMIT),
-            "--max-body-bytes",
-            str(BODY_LIMIT),
-            "--max-state-batches-per-entry",
-            str(BATCH_LIMIT),
-        ],
-    ).start()
+    limits = (
+        "--max-entries-per-request",
+        str(ENTRY_LIMIT),
+        "--max-body-bytes",
+        str(BODY_LIMIT),
+        "--max-state-batches-per-entry",
+        str(BATCH_LIMIT),
+    )
+    data_dir = tmp_path_factory.mktemp("limited") / "data"
+    daemon = Daemon(DaemonConfig(data_dir, limits, partitions=None)).start()
     yield daemon
     daemon.stop()
 
@@ -173,7 +172,7 @@ async def test_requests_split_to_fit_the_body_limit(limited_daemon, clients, gro
     )
     assert [r.error_code for r in results] == [0] * 10
     assert await rpc_requests(limited_daemon, "write") - before > 1
-    errors = metric(
+    errors = metric_total(
         await scrape(limited_daemon), "sharecoord_http_error_responses_total", status="413"
     )
     assert errors == 0

@@ -9,7 +9,7 @@ import sys
 import textwrap
 
 import client
-from tests.client.daemons import REPO_ROOT
+from tests.harness import REPO_ROOT
 
 
 def example_and_output() -> tuple[str, str]:

@@ -19,6 +19,7 @@ from client import (
     DeadlineExceeded,
     FencedLeaderEpoch,
     ReadPartition,
+    ReadResult,
     StateBatch,
     WritePartition,
 )
@@ -28,7 +29,7 @@ from protocol.records import ShareKey, ShareSnapshot, encode_record
 from protocol.routing import partition_for
 from protocol.topic_id import canonical_topic_id
 from tests.client.conftest import TOPIC, entry_results, trace
-from tests.client.daemons import free_ports
+from tests.harness import Acknowledged, free_ports
 
 FAST_RETRIES = {"retry_backoff_ms": 10, "retry_backoff_max_ms": 100}
 
@@ -45,15 +46,18 @@ def request_failed() -> tuple[aiohttp.TraceConfig, asyncio.Event]:
     return config, failed
 
 
-async def test_calls_complete_across_a_daemon_killed_and_restarted(daemons, clients, group):
-    daemon = daemons()
+async def test_calls_complete_across_a_daemon_killed_and_restarted(
+    daemons, clients, group, tmp_path
+):
+    daemon = daemons.make(tmp_path / "data", partitions=None)
     await asyncio.to_thread(daemon.start)
     tracer, failed = request_failed()
     client = clients(daemon.url, deadline_s=60, trace_configs=[tracer], **FAST_RETRIES)
     partitions = range(20)
     for p in partitions:
         await client.initialize(group, TOPIC, p, state_epoch=0, start_offset=0)
-    acknowledged = dict.fromkeys(partitions, 0)
+    # Each leader's last acknowledged write: the offset it started at.
+    acknowledged = Acknowledged(dict.fromkeys(partitions, 0), matches=holds_write_at)
     wanted = dict.fromkeys(partitions, 3)  # acknowledged writes to wait for, per leader
     stop = asyncio.Event()
     progress = asyncio.Event()
@@ -72,8 +76,8 @@ async def test_calls_complete_across_a_daemon_killed_and_restarted(daemons, clie
                 start_offset=offset,
                 state_batches=[StateBatch(offset, offset + 9, ACKNOWLEDGED, 1)],
             )
-            acknowledged[p] = offset
-            if all(acknowledged[q] >= wanted[q] for q in partitions):
+            acknowledged.acknowledge(p, offset)
+            if all(acknowledged.exact(q) >= wanted[q] for q in partitions):
                 progress.set()
 
     leaders = [asyncio.ensure_future(leader(p)) for p in partitions]
@@ -82,7 +86,7 @@ async def test_calls_complete_across_a_daemon_killed_and_restarted(daemons, clie
     await failed.wait()  # and the next attempts are refused: calls are retrying
     assert not any(task.done() for task in leaders)
     retries = client.stats.retries
-    wanted = {p: offset + 1 for p, offset in acknowledged.items()}
+    wanted = {p: acknowledged.exact(p) + 1 for p in partitions}
     progress.clear()
     await asyncio.to_thread(daemon.start)  # same data directory, same port
     await progress.wait()  # every leader got a write through after the restart
@@ -90,11 +94,16 @@ async def test_calls_complete_across_a_daemon_killed_and_restarted(daemons, clie
     await asyncio.gather(*leaders)
     assert client.stats.retries > retries
     # Every acknowledged write is there: the last one each leader made.
-    for p in partitions:
-        state = await client.read(group, TOPIC, p, leader_epoch=0)
-        offset = acknowledged[p]
-        assert state.start_offset == offset
-        assert state.state_batches == [StateBatch(offset, offset + 9, ACKNOWLEDGED, 1)]
+    shown = {p: await client.read(group, TOPIC, p, leader_epoch=0) for p in partitions}
+    acknowledged.verify(shown)
+
+
+def holds_write_at(offset: int, state: ReadResult) -> bool:
+    """Whether ``state`` is what a leader's write at ``offset`` left."""
+    return (state.start_offset, state.state_batches) == (
+        offset,
+        [StateBatch(offset, offset + 9, ACKNOWLEDGED, 1)],
+    )
 
 
 def build_big_log(data_dir: Path, group: str, records: int) -> None:
@@ -118,10 +127,12 @@ def build_big_log(data_dir: Path, group: str, records: int) -> None:
         log.close()
 
 
-async def test_a_loading_daemon_answers_14_and_the_call_waits_for_the_load(daemons, clients, group):
-    daemon = daemons(args=["--partitions", "1"])
+async def test_a_loading_daemon_answers_14_and_the_call_waits_for_the_load(
+    daemons, clients, group, tmp_path
+):
+    daemon = daemons.make(tmp_path / "data", partitions=1)
     await asyncio.to_thread(build_big_log, daemon.data_dir, group, 60_000)
-    await asyncio.to_thread(daemon.start, wait_ready=False)
+    await asyncio.to_thread(daemon.start, ready=False)
     client = clients(daemon.url, num_partitions=1, deadline_s=120, **FAST_RETRIES)
     summary, state = await asyncio.gather(
         client.read_summary(group, TOPIC, 0), client.admin_state(group, TOPIC, 0)
@@ -136,7 +147,7 @@ async def test_a_failed_partition_answers_15_and_only_that_entry_is_sent_again(
     daemons, clients, group, tmp_path
 ):
     control = tmp_path / "failpoints.json"
-    daemon = daemons(env={FAILPOINTS_ENV: str(control)})
+    daemon = daemons.make(tmp_path / "data", partitions=None, env={FAILPOINTS_ENV: str(control)})
     await asyncio.to_thread(daemon.start)
     client = clients(daemon.url, **FAST_RETRIES)
     topic = canonical_topic_id(TOPIC)

@@ -22,8 +22,7 @@ from protocol import errors
 from protocol.routing import partition_for
 from protocol.topic_id import canonical_topic_id
 from tests.client.conftest import TOPIC, entry_results, request_ended
-from tests.client.daemons import Daemon, cluster_file, free_ports
-from tests.server.daemons import run_cli
+from tests.harness import Daemon, DaemonConfig, cluster_file, free_ports, run_cli
 
 NUM_PARTITIONS = 50
 HALVES = ("0-24", "25-49")
@@ -42,14 +41,17 @@ def start_cluster(
     path = cluster_file(directory / "cluster.toml", ports, ranges, NUM_PARTITIONS)
     nodes = [
         Daemon(
-            directory / f"node{i}",
-            port=port,
-            args=["--node-id", str(i), "--cluster", str(path), *args],
+            DaemonConfig(
+                directory / f"node{i}",
+                ("--node-id", str(i), "--cluster", str(path), *args),
+                listen=f"127.0.0.1:{port}",
+                partitions=None,  # the cluster file's
+            )
         )
         for i, port in enumerate(ports)
     ]
     for node in nodes:
-        node.start(wait_ready=False)
+        node.start(ready=False)
     for node in nodes:
         node.wait_ready()
     return nodes
@@ -67,7 +69,7 @@ def restart_cluster(nodes: list[Daemon], directory: Path, ranges: Sequence[str])
         done = run_cli(*args)
         assert done.returncode == 0, done.stderr
     for node in nodes:
-        node.start(wait_ready=False)
+        node.start(ready=False)
     for node in nodes:
         node.wait_ready()
 

@@ -18,7 +18,7 @@ from client import (
     make_ssl_context,
 )
 from tests.client.conftest import TOPIC
-from tests.client.daemons import Daemon
+from tests.harness import Daemon, DaemonConfig
 from tests.pki import Pki
 
 TOKEN = "s3cr3t-token"
@@ -27,10 +27,7 @@ TOKEN = "s3cr3t-token"
 @pytest.fixture(scope="module")
 def token_daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     directory = tmp_path_factory.mktemp("token")
-    token_file = directory / "token"
-    token_file.write_text(TOKEN + "\n")
-    token_file.chmod(0o600)
-    daemon = Daemon(directory / "data", args=["--auth-token-file", str(token_file)]).start()
+    daemon = Daemon(DaemonConfig(directory / "data", partitions=None, token=TOKEN)).start()
     yield daemon
     daemon.stop()
 
@@ -59,11 +56,21 @@ def tls_daemons(
     """Two daemons: TLS, and mutual TLS (it asks for a client certificate)."""
     directory = tmp_path_factory.mktemp("tls")
     daemons = [
-        Daemon(directory / "tls", args=pki.tls_flags(), probe_ssl=contexts.trusting),
         Daemon(
-            directory / "mtls",
-            args=pki.mtls_flags(),
-            probe_ssl=contexts.with_certificate,
+            DaemonConfig(
+                directory / "tls",
+                pki.tls_flags(),
+                partitions=None,
+                probe_ssl=contexts.trusting,
+            )
+        ),
+        Daemon(
+            DaemonConfig(
+                directory / "mtls",
+                pki.mtls_flags(),
+                partitions=None,
+                probe_ssl=contexts.with_certificate,
+            )
         ),
     ]
     for daemon in daemons:

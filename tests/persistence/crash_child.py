@@ -136,7 +136,7 @@ async def produce(log: StateLog, committer: GroupCommitter, rng: random.Random) 
     while True:
         if rng.random() < 0.5:
             # Wake at odd moments, so appends also arrive while a cycle is in flight.
-            await asyncio.sleep(rng.random() / 1000)
+            await asyncio.sleep(rng.random() / 1000)  # a pace, not a wait
         partition = rng.randrange(log.num_partitions)
         record_type = rng.randrange(2)
         timestamp = rng.randrange(2**41)

@@ -11,14 +11,6 @@ import struct
 import zlib
 
 import pytest
-from log_helpers import (
-    append_records,
-    frame_starts,
-    impossible_frames,
-    newest_segment,
-    tree_snapshot,
-    write_through_journal,
-)
 
 from persistence import (
     LogCorruptionError,
@@ -35,6 +27,14 @@ from persistence.journal import (
     JournalCorruptionError,
     list_journal_segments,
     read_checkpoint,
+)
+from tests.persistence.log_helpers import (
+    append_records,
+    frame_starts,
+    impossible_frames,
+    newest_segment,
+    tree_snapshot,
+    write_through_journal,
 )
 
 NUM_PARTITIONS = 3

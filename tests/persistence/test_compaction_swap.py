@@ -11,7 +11,6 @@ import logging
 import os
 
 import pytest
-from log_helpers import FRAME_SIZE, append_records, file_bytes, open_log, read_back, write_records
 
 from persistence import (
     FaultInjectingFileOps,
@@ -26,6 +25,14 @@ from persistence import (
     encode_frame,
     pending_staged,
     write_staged,
+)
+from tests.persistence.log_helpers import (
+    FRAME_SIZE,
+    append_records,
+    file_bytes,
+    open_log,
+    read_back,
+    write_records,
 )
 
 SEGMENT_BYTES = 16 * FRAME_SIZE

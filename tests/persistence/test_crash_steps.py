@@ -19,13 +19,14 @@ import sys
 from pathlib import Path
 
 import pytest
-from crash_child import record_digest
-from log_helpers import tree_snapshot
 
 from persistence import StateLog, verify
 from persistence.fileops import FileOps
 from persistence.journal import journal_dir, read_checkpoint
 from persistence.segments import segment_path
+from tests.harness import Acknowledged
+from tests.persistence.crash_child import record_digest
+from tests.persistence.log_helpers import tree_snapshot
 
 CHILD = Path(__file__).with_name("crash_child.py")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -97,17 +98,20 @@ def run_child(data_dir: str, kill_at: tuple[str, str, int, str], **extra: str) -
     return done.stdout.decode().splitlines()
 
 
-def parse(lines: list[str]) -> tuple[Digests, Digests]:
-    """(appended, acknowledged), by (partition, offset)."""
-    appended: Digests = {}
-    acked: Digests = {}
+def parse(lines: list[str]) -> tuple[Acknowledged[tuple[int, int], str], int]:
+    """What the child reported: each record's digest by (partition, offset), known once
+    it was acknowledged, maybe there (or not) once appended; and how many it
+    acknowledged."""
+    model: Acknowledged[tuple[int, int], str] = Acknowledged({})
+    acknowledged = 0
     for line in lines:
         words = line.split()
         if words and words[0] == "appended":
-            appended[int(words[1]), int(words[2])] = words[3]
+            model.unanswered((int(words[1]), int(words[2])), words[3])
         elif len(words) == 3 and words[0] != "synced":
-            acked[int(words[0]), int(words[1])] = words[2]
-    return appended, acked
+            model.acknowledge((int(words[0]), int(words[1])), words[2])
+            acknowledged += 1
+    return model, acknowledged
 
 
 def recover(data_dir: str) -> Digests:
@@ -125,12 +129,11 @@ def recover(data_dir: str) -> Digests:
     return found
 
 
-def check(data_dir: str, appended: Digests, acked: Digests) -> None:
+def check(data_dir: str, model: Acknowledged[tuple[int, int], str]) -> None:
     found = recover(data_dir)
-    missing = {k for k, v in acked.items() if found.get(k) != v}
-    assert not missing, f"{len(missing)} acknowledged records lost or changed"
-    invented = {k for k, v in found.items() if appended.get(k) != v}
-    assert not invented, f"records never appended: {sorted(invented)[:5]}"
+    # Every acknowledged record there, the others as appended or not at all, and none
+    # that was never appended.
+    model.verify(found)
     for p in range(NUM_PARTITIONS):
         offsets = sorted(o for q, o in found if q == p)
         assert offsets == list(range(len(offsets))), f"a gap in partition {p}"
@@ -146,9 +149,9 @@ def check(data_dir: str, appended: Digests, acked: Digests) -> None:
     ids=lambda k: "-".join(map(str, k)),
 )
 def test_a_kill_at_every_step_loses_nothing_acknowledged(data_dir: str, kill_at) -> None:
-    appended, acked = parse(run_child(data_dir, kill_at))
-    assert acked or kill_at[0] == "write", "nothing was acknowledged before the kill"
-    check(data_dir, appended, acked)
+    model, acknowledged = parse(run_child(data_dir, kill_at))
+    assert acknowledged or kill_at[0] == "write", "nothing was acknowledged before the kill"
+    check(data_dir, model)
 
 
 @pytest.mark.parametrize("kill_at", RECOVERY, ids=lambda k: "-".join(map(str, k)))
@@ -156,7 +159,7 @@ def test_a_kill_during_recovery_loses_nothing_acknowledged(data_dir: str, kill_a
     # A crash that leaves the partitions behind the journal: records written to the
     # journal, and the partition files cut back to their checkpointed size, so
     # recovery has frames to write, a tail to cut, a checkpoint to record.
-    appended, acked = parse(run_child(data_dir, ("pwrite", "journal", 40, "after")))
+    model, _ = parse(run_child(data_dir, ("pwrite", "journal", 40, "after")))
     checkpoint = read_checkpoint(FileOps(), journal_dir(data_dir))
     for p in range(NUM_PARTITIONS):
         directory = os.path.join(data_dir, "partitions", str(p))
@@ -176,4 +179,4 @@ def test_a_kill_during_recovery_loses_nothing_acknowledged(data_dir: str, kill_a
         with open(path, "ab") as tail:
             tail.write(b"\x7f" * 11)  # a torn frame past what was synced
     run_child(data_dir, kill_at, SHARECOORD_RECOVER_ONLY="1")
-    check(data_dir, appended, acked)
+    check(data_dir, model)

@@ -11,9 +11,15 @@ import sys
 from pathlib import Path
 
 import pytest
-from log_helpers import NUM_PARTITIONS, append_records, open_log, tree_snapshot, write_records
 
 from persistence import LogCorruptionError, LogError, LogLockedError, MetaMismatchError, StateLog
+from tests.persistence.log_helpers import (
+    NUM_PARTITIONS,
+    append_records,
+    open_log,
+    tree_snapshot,
+    write_records,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from log_helpers import open_log, write_records
 
 from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps
+from tests.persistence.log_helpers import open_log, write_records
 
 
 def open_file(fs: FileOps, path: Path) -> int:

@@ -8,7 +8,6 @@ import zlib
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from log_helpers import resealed
 
 from persistence.frame import (
     CRC_AT,
@@ -31,6 +30,7 @@ from persistence.frame import (
     iter_frames,
 )
 from protocol.records import RECORD_TYPES
+from tests.persistence.log_helpers import resealed
 
 records = st.builds(
     LogRecord,

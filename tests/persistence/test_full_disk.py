@@ -16,18 +16,18 @@ import os
 from collections.abc import Callable
 
 import pytest
-from log_helpers import (
+
+from persistence import FaultInjectingFileOps, FileOps, GroupCommitter, LogRecord, StateLog
+from persistence.fileops import create_file_durably, write_file_atomically
+from persistence.journal import list_journal_segments
+from persistence.scratch import ScratchFileOps
+from tests.persistence.log_helpers import (
     append_records,
     frame_starts,
     newest_segment,
     tree_snapshot,
     write_through_journal,
 )
-
-from persistence import FaultInjectingFileOps, FileOps, GroupCommitter, LogRecord, StateLog
-from persistence.fileops import create_file_durably, write_file_atomically
-from persistence.journal import list_journal_segments
-from persistence.scratch import ScratchFileOps
 
 NUM_PARTITIONS = 3
 

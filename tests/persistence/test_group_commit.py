@@ -16,7 +16,6 @@ import threading
 
 import pytest
 from blockbuster import BlockingError
-from log_helpers import FRAME_SIZE, append_records, open_log, read_back, record_fields
 
 from persistence import (
     DurabilityError,
@@ -29,6 +28,13 @@ from persistence import (
     verify,
 )
 from persistence.journal import list_journal_segments, read_checkpoint, scan_journal
+from tests.persistence.log_helpers import (
+    FRAME_SIZE,
+    append_records,
+    open_log,
+    read_back,
+    record_fields,
+)
 
 
 class RecordingFileOps(FaultInjectingFileOps):

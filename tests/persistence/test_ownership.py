@@ -15,7 +15,6 @@ import os
 import shutil
 
 import pytest
-from log_helpers import append_records, write_records
 
 from persistence import (
     FileOps,
@@ -36,6 +35,7 @@ from persistence.ownership import (
     read_assignment,
     read_owner,
 )
+from tests.persistence.log_helpers import append_records, write_records
 
 N = 4
 HALVES = (0, 0, 1, 1)

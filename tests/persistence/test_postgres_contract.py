@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from log_helpers import append_records
-from stores import STORES, StoreOpener, from_last_snapshot, opener
 
 from persistence import GroupCommitter, LogError, LogRecord
 from persistence.store import StateStore
+from tests.persistence.log_helpers import append_records
+from tests.persistence.stores import STORES, StoreOpener, from_last_snapshot, opener
 from tests.postgres import PostgresServer
 
 PARTITIONS = 4

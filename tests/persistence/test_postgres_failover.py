@@ -12,13 +12,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from log_helpers import append_records
-from stores import postgres_opener
 
 from persistence import GroupCommitter, LogRecord
 from persistence.errors import StoreUnavailableError
 from persistence.postgres import PostgresStore
 from tests.figures import Figures
+from tests.harness import wait_until
+from tests.persistence.log_helpers import append_records
+from tests.persistence.stores import postgres_opener
 from tests.postgres import PostgresServer, running_servers, server_root
 
 PARTITIONS = 4
@@ -46,15 +47,16 @@ def port_of(store: PostgresStore) -> int:
 
 async def reset_when_reachable(store: PostgresStore, partitions: list[int]) -> None:
     """Reset each failed partition, trying again until the store can be reached."""
-    deadline = time.monotonic() + RESET_TIMEOUT_S
     for p in partitions:
-        while True:
+
+        async def reset(p: int = p) -> bool:
             try:
                 await asyncio.to_thread(store.partition(p).reset_to_durable)
-                break
             except StoreUnavailableError:
-                assert time.monotonic() < deadline, "the store never came back"
-                await asyncio.sleep(0.05)
+                return False
+            return True
+
+        await wait_until(reset, f"the store to take partition {p}'s reset", timeout=RESET_TIMEOUT_S)
 
 
 async def test_what_was_acknowledged_survives_the_primary_on_the_promoted_standby(

@@ -16,8 +16,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from log_helpers import append_records
-from stores import fresh_schema
 
 from persistence import (
     DurabilityError,
@@ -41,6 +39,9 @@ from persistence.postgres.connection import one_line
 from persistence.postgres.store import replay_sql
 from protocol.records import SNAPSHOT_RECORD_TYPE, UPDATE_RECORD_TYPE
 from tests.figures import Figures
+from tests.harness import wait_until_blocking
+from tests.persistence.log_helpers import append_records
+from tests.persistence.stores import fresh_schema
 from tests.postgres import PostgresServer, free_port, running_servers, server_root
 
 LEASE_MS = 60_000
@@ -136,9 +137,11 @@ def test_a_claim_raises_the_epoch_and_only_an_expired_lease_can_be_claimed(
             # A lease of 1 ms is over by PostgreSQL's clock at once: node 2 gets it,
             # with the epoch raised (polled: the clocks are PostgreSQL's, not ours).
             assert claim(conn, tables, 1, 1, 1) == 1
-            deadline = time.monotonic() + 60
-            while (epoch := claim(conn, tables, 1, 2, LEASE_MS)) is None:
-                assert time.monotonic() < deadline, "a 1 ms lease never expired"
+            epoch = wait_until_blocking(
+                lambda: claim(conn, tables, 1, 2, LEASE_MS),
+                "a 1 ms lease to expire",
+                until=lambda claimed: claimed is not None,
+            )
             assert epoch == 2
             found = {lease.state_partition: lease for lease in list_leases(conn, tables)}
             assert (found[1].node_id, found[1].epoch, found[1].live) == (2, 2, True)

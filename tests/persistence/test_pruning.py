@@ -7,7 +7,6 @@ import errno
 import os
 
 import pytest
-from log_helpers import FRAME_SIZE, open_log, read_back, write_records
 
 from persistence import (
     FaultInjectingFileOps,
@@ -17,6 +16,7 @@ from persistence import (
     commit_staged,
     write_staged,
 )
+from tests.persistence.log_helpers import FRAME_SIZE, open_log, read_back, write_records
 
 SEGMENT_BYTES = 5 * FRAME_SIZE  # segments at 0, 5, 10, 15, 20 (active) for 22 records
 

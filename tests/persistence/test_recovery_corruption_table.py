@@ -27,7 +27,11 @@ from dataclasses import dataclass
 from typing import Literal
 
 import pytest
-from log_helpers import (
+
+from persistence import LogCorruptionError, LogRecord, SegmentInfo, encode_frame, verify
+from persistence.frame import KEY_AT, KEY_LENGTH_AT
+from persistence.segments import segment_path
+from tests.persistence.log_helpers import (
     FRAME_SIZE,
     check_appends_work_afterwards,
     file_bytes,
@@ -37,10 +41,6 @@ from log_helpers import (
     resealed,
     write_records,
 )
-
-from persistence import LogCorruptionError, LogRecord, SegmentInfo, encode_frame, verify
-from persistence.frame import KEY_AT, KEY_LENGTH_AT
-from persistence.segments import segment_path
 
 SEGMENT_BYTES = 16 * FRAME_SIZE  # 16 frames per segment
 RECORDS = 3 * 16 + 10  # three full segments, ten frames in the newest

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 import pytest
-from log_helpers import FRAME_SIZE, check_appends_work_afterwards, open_log, write_records
 
 from persistence import (
     FaultInjectingFileOps,
@@ -27,6 +26,12 @@ from persistence import (
     write_staged,
 )
 from persistence.segments import list_log_files
+from tests.persistence.log_helpers import (
+    FRAME_SIZE,
+    check_appends_work_afterwards,
+    open_log,
+    write_records,
+)
 
 SEGMENT_BYTES = 16 * FRAME_SIZE
 RECORDS = 3 * 16 + 10  # segments 0, 16, 32 sealed; 48 active

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from log_helpers import FRAME_SIZE, append_records, open_log, read_back, write_records
 
 from persistence import (
     LogCorruptionError,
@@ -16,6 +15,13 @@ from persistence import (
     read_partition,
     read_segment,
     write_staged,
+)
+from tests.persistence.log_helpers import (
+    FRAME_SIZE,
+    append_records,
+    open_log,
+    read_back,
+    write_records,
 )
 
 

@@ -6,7 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from log_helpers import (
+
+from persistence import LogCorruptionError, StateLog, verify, write_staged
+from persistence.staging import swap_path
+from tests.persistence.log_helpers import (
     FRAME_SIZE,
     check_appends_work_afterwards,
     impossible_frames,
@@ -14,9 +17,6 @@ from log_helpers import (
     tree_snapshot,
     write_records,
 )
-
-from persistence import LogCorruptionError, StateLog, verify, write_staged
-from persistence.staging import swap_path
 
 SEGMENT_BYTES = 4 * FRAME_SIZE
 

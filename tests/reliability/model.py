@@ -1,5 +1,6 @@
-"""A model of the acknowledged state of a small key space, for writers that may lose
-answers (SIGKILL) or get 15 for some entries (disk faults).
+"""The acknowledged state of a small key space (the harness's model,
+tests/harness/acknowledged.py), with the share-group rules that predict each answer, for
+writers that may lose answers (SIGKILL) or get 15 for some entries (disk faults).
 
 Each key (group, partition of one topic) maps to the list of states it may be in. While
 the daemon answers, that list has one element: the state is known exactly, and every
@@ -24,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from protocol.routing import partition_for
-from tests.server.daemons import TOPIC, TOPIC_RFC4122
+from tests.harness import TOPIC, TOPIC_RFC4122, Acknowledged
 
 Key = tuple[str, int]  # (group_id, partition) of TOPIC
 Batch = tuple[int, int, int, int]
@@ -106,19 +107,19 @@ class Mismatch(AssertionError):
     pass
 
 
-class Model:
+def _shows(state: State | None, shown: dict[str, Any] | None) -> bool:
+    """Whether admin state ``shown`` (None: 404) is ``state``."""
+    return State.from_admin(shown) == state
+
+
+class Model(Acknowledged[Key, State | None]):
     def __init__(self, groups: list[str], partitions: int, num_state_partitions: int) -> None:
-        self.keys: list[Key] = [(g, p) for g in groups for p in range(partitions)]
-        self.possible: dict[Key, list[State | None]] = {k: [None] for k in self.keys}
+        keys = [(g, p) for g in groups for p in range(partitions)]
+        super().__init__(dict.fromkeys(keys), matches=_shows)
         self.num_state_partitions = num_state_partitions
 
     def state_partition(self, key: Key) -> int:
         return partition_for(key[0], TOPIC, key[1], self.num_state_partitions)
-
-    def exact(self, key: Key) -> State | None:
-        states = self.possible[key]
-        assert len(states) == 1, (key, states)
-        return states[0]
 
     # --- planning -------------------------------------------------------------------
 
@@ -180,31 +181,20 @@ class Model:
                     raise Mismatch(f"{name}: {result.get(name)!r} != {value!r}: {where}")
             state[step.key] = expected.after
         for key, value in state.items():
-            self.possible[key] = [value]
+            self.acknowledge(key, value)
         return unavailable
 
     def lost(self, request: Request) -> None:
         """The answer never came: each key may be after any prefix of its entries."""
         for key in request.touched():
-            states: list[State | None] = [self.exact(key)]
-            current = states[0]
+            current = self.exact(key)
+            after: list[State | None] = []
             for step in request.planned:
                 if step.key != key:
                     continue
                 current = outcome(request.rpc, step, current).after
-                if current not in states:
-                    states.append(current)
-            self.possible[key] = states
-
-    def reconcile(self, key: Key, shown: dict[str, Any] | None) -> bool:
-        """After a restart: True if what the daemon shows is a state the key may be in
-        (it then is the state); False if an acknowledged write was lost or something
-        never acknowledged appeared."""
-        observed = State.from_admin(shown)
-        if observed not in self.possible[key]:
-            return False
-        self.possible[key] = [observed]
-        return True
+                after.append(current)
+            self.unanswered(key, *after)
 
 
 def _flatten(request: Request, answer: dict[str, Any]) -> list[dict[str, Any]]:

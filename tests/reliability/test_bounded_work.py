@@ -35,9 +35,7 @@ import pytest
 
 from protocol.batches import StateBatch, combine_state_batches
 from protocol.routing import partition_for
-from tests.protocol.batch_shapes import SHAPES, disjoint_over_stored, stored_alternating
-from tests.reliability.test_memory_bounded import rss_kib
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
     Api,
     batch,
@@ -47,6 +45,8 @@ from tests.server.daemons import (
     metric_value,
     write_entry,
 )
+from tests.protocol.batch_shapes import SHAPES, disjoint_over_stored, stored_alternating
+from tests.reliability.test_memory_bounded import rss_kib
 
 GROUP = "bounded-work"
 NUM_PARTITIONS = 16

@@ -29,7 +29,7 @@ import asyncio
 import os
 import random
 import signal
-import sys
+from functools import partial
 from pathlib import Path
 
 import aiohttp
@@ -37,9 +37,9 @@ import pytest
 
 from persistence.history import HistoryConfig, resolve_dir, write_declaration
 from spark_jobs.logsource import Source, read_whole_partition
+from tests.harness import REPO_ROOT, SHARECOORD, Api, child_env, run_cli, wait_until
 from tests.reliability.model import Model
 from tests.reliability.traffic import Traffic, admin_states
-from tests.server.daemons import REPO_ROOT, Api, child_env, run_cli
 
 NUM_PARTITIONS = 4
 GROUPS = ["fire-a", "fire-b"]
@@ -65,9 +65,7 @@ def serve_flags(rng: random.Random) -> list[str]:
 async def start_compaction(data_dir: Path) -> asyncio.subprocess.Process:
     """`sharecoord compact` in its own process group (the JVM goes with it on a kill)."""
     return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "server.commands.cli",
+        *SHARECOORD,
         "compact",
         "--data-dir",
         str(data_dir),
@@ -109,14 +107,8 @@ def staged_output(data_dir: Path) -> bool:
     return False
 
 
-async def until(condition, deadline_s: float) -> bool:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while loop.time() < end:
-        if await asyncio.to_thread(condition):
-            return True
-        await asyncio.sleep(0.002)
-    return False
+async def staged_or_ended(data_dir: Path, job: asyncio.subprocess.Process) -> bool:
+    return job.returncode is not None or await asyncio.to_thread(staged_output, data_dir)
 
 
 async def compaction_under_fire(spawn, data_dir: Path, cycles: int, seed: int, figures) -> None:
@@ -138,18 +130,30 @@ async def compaction_under_fire(spawn, data_dir: Path, cycles: int, seed: int, f
 
             writers = asyncio.ensure_future(traffic.run(daemon.url, WORKERS))
             target = traffic.acknowledged + WRITES_PER_CYCLE
-            assert await until(lambda target=target: traffic.acknowledged >= target, 120)
+            await wait_until(
+                lambda target=target: traffic.acknowledged >= target,
+                f"{WRITES_PER_CYCLE} more requests acknowledged",
+            )
             job = await start_compaction(data_dir)
             how = rng.choice(("daemon at the commit", "daemon during the job", "the job"))
+            # The pauses before a kill are the random moment it lands, not waits.
             if how == "daemon at the commit":
-                if await until(lambda: staged_output(data_dir), JOB_TIMEOUT_S):
-                    await asyncio.sleep(rng.random() * 0.03)
+                # The daemon commits staged output within 20 ms: looked for as often.
+                # (A job that stages nothing ends, and the kill lands after it.)
+                await wait_until(
+                    partial(staged_or_ended, data_dir, job),
+                    "the job to stage its output or end",
+                    timeout=JOB_TIMEOUT_S,
+                    max_pause=0.002,
+                )
+                if job.returncode is None:
+                    await asyncio.sleep(rng.random() * 0.03)  # the kill's moment
                     figures.add("daemon_kills_at_a_commit")
             elif how == "daemon during the job":
-                await asyncio.sleep(rng.uniform(0.5, 8.0))
+                await asyncio.sleep(rng.uniform(0.5, 8.0))  # the kill's moment
                 figures.add("daemon_kills_during_a_job")
             else:
-                await asyncio.sleep(rng.uniform(1.0, 8.0))
+                await asyncio.sleep(rng.uniform(1.0, 8.0))  # the kill's moment
                 if job.returncode is None:
                     os.killpg(job.pid, signal.SIGKILL)
                     figures.add("jobs_killed")

@@ -23,9 +23,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from tests.harness import Api, run_cli
 from tests.reliability.model import Model
 from tests.reliability.traffic import Traffic, admin_states
-from tests.server.daemons import Api, run_cli
 
 NUM_PARTITIONS = 8
 GROUPS = ["crash-a", "crash-b"]
@@ -62,7 +62,7 @@ async def crash_loop(spawn, data_dir: Path, cycles: int, seed: int, figures) -> 
                 daemon = await spawn(
                     data_dir, *serve_flags(rng), partitions=NUM_PARTITIONS, ready=False
                 )
-                await asyncio.sleep(rng.random() * 0.05)
+                await asyncio.sleep(rng.random() * 0.05)  # the random moment of the kill
                 os.kill(daemon.pid, signal.SIGKILL)
                 assert await asyncio.to_thread(daemon.wait) == -signal.SIGKILL
                 figures.add("kills_while_loading")
@@ -87,7 +87,8 @@ async def crash_loop(spawn, data_dir: Path, cycles: int, seed: int, figures) -> 
 
             async def kill(pid: int = daemon.pid, reached: asyncio.Event = reached) -> None:
                 await reached.wait()
-                await asyncio.sleep(rng.choice((0, 0, rng.random() * 0.002, rng.random() * 0.02)))
+                delay = rng.choice((0, 0, rng.random() * 0.002, rng.random() * 0.02))
+                await asyncio.sleep(delay)  # the random moment of the kill, not a wait
                 os.kill(pid, signal.SIGKILL)
 
             killer = asyncio.ensure_future(kill())

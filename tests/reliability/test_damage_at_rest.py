@@ -43,8 +43,7 @@ from persistence import (
     write_staged,
 )
 from persistence.frame import iter_frames
-from tests.persistence.log_helpers import fold_sealed
-from tests.server.daemons import (
+from tests.harness import (
     INITIAL,
     TOPIC,
     Api,
@@ -56,6 +55,7 @@ from tests.server.daemons import (
     read_entry,
     run_cli,
 )
+from tests.persistence.log_helpers import fold_sealed
 
 NUM_PARTITIONS = 6
 INTACT = 0  # never damaged

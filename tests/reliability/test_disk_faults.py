@@ -20,7 +20,6 @@ import json
 import os
 import random
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +27,21 @@ import aiohttp
 import pytest
 
 from persistence import list_segments, partition_dir
-from tests.reliability.model import Model
-from tests.reliability.traffic import Traffic, check_exact, resumed
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
-    Acknowledged,
+    AcknowledgedGroup,
     Api,
     body,
     next_write,
     partitions_in,
     read_entry,
     run_cli,
+    wait_until,
 )
+from tests.reliability.model import Model
+from tests.reliability.traffic import Traffic, check_exact, resumed
 
 FAILPOINTS = "SHARECOORD_FAILPOINTS"
-DEADLINE_S = 120.0  # a safety net, not a timing assertion
 NUM_PARTITIONS = 4
 GROUPS = ["faults-a", "faults-b"]
 PARTITIONS_PER_GROUP = 6
@@ -65,14 +64,17 @@ async def statuses(api: Api) -> list[dict[str, Any]]:
     return reply.body["partitions"]  # type: ignore[no-any-return]
 
 
+async def log_start(api: Api) -> int:
+    """The log start offset of state partition 0."""
+    return (await statuses(api))[0]["log_start_offset"]  # type: ignore[no-any-return]
+
+
 async def wait_all_active(api: Api) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        listing = await statuses(api)
-        if all(p["status"] == "active" for p in listing):
-            return
-        assert time.monotonic() < deadline, f"partitions did not recover: {listing}"
-        await asyncio.sleep(0.02)
+    await wait_until(
+        lambda: statuses(api),
+        "every partition to be active",
+        until=lambda listing: all(p["status"] == "active" for p in listing),
+    )
 
 
 # --- a request whose records straddle a failed segment roll ------------------------------
@@ -106,45 +108,46 @@ async def test_an_entry_made_durable_before_a_failed_roll_is_answered_as_it_is(
         data_dir, "--segment-bytes", "1024", partitions=1, env={FAILPOINTS: str(control)}
     )
     rng = random.Random(5)
-    model = Acknowledged("roll", [0, 1])
+    model = AcknowledgedGroup("roll", [0, 1])
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, "msgpack")
         assert await api.codes("initialize", model.init_body()) == [0, 0]
         # One write of key 0 at a time until one more record would not fit, then both.
         while True:
             segments, size = await asyncio.to_thread(active_segment_size, data_dir, 0)
-            entry, expected = next_write(rng, 0, model.acked[0])
+            entry, expected = next_write(rng, 0, model.exact(0))
             assert await api.codes("write", body("roll", (TOPIC, [entry]))) == [0]
-            model.acked[0] = expected
+            model.acknowledge(0, expected)
             grown_segments, grown = await asyncio.to_thread(active_segment_size, data_dir, 0)
             frame = grown - size
             if grown_segments == segments and 1024 - frame < grown + frame <= 1024:
                 break  # exactly one more frame of this size fits
-        first, first_expected = next_write(rng, 0, model.acked[0])
-        second, second_expected = next_write(rng, 1, model.acked[1])
+        first, first_expected = next_write(rng, 0, model.exact(0))
+        second, second_expected = next_write(rng, 1, model.exact(1))
         # Same shape as the frames measured: one batch, offsets of the same width.
         await arm(control, {**fault, "path_contains": "partitions/0/", "times": 1})
         results = await api.results("write", body("roll", (TOPIC, [first, second])))
         codes = [r["error_code"] for r in results]
         # The journal made both durable before the roll was tried.
         assert codes == [0, 0], results
-        model.acked[1] = second_expected
+        model.acknowledge(1, second_expected)
         await arm(control)
-        deadline = time.monotonic() + DEADLINE_S
-        while (await api.admin_state("roll", TOPIC, 0)).status != 200:
-            assert time.monotonic() < deadline, "the partition did not recover"
-            await asyncio.sleep(0.02)
+        await wait_until(
+            lambda: api.admin_state("roll", TOPIC, 0),
+            "the partition to recover",
+            until=lambda reply: reply.status == 200,
+        )
         state = await api.state("roll", TOPIC, 0)
         if codes[0] == 0:
-            model.acked[0] = first_expected
-        assert model.acked[0].matches(state), (codes, state)
-        assert model.acked[1].matches(await api.state("roll", TOPIC, 1))
+            model.acknowledge(0, first_expected)
+        assert model.exact(0).matches(state), (codes, state)
+        assert model.exact(1).matches(await api.state("roll", TOPIC, 1))
     assert await asyncio.to_thread(daemon.terminate) == 0
     daemon = await spawn(data_dir, "--segment-bytes", "1024", partitions=1)
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url)
-        assert model.acked[0].matches(await api.state("roll", TOPIC, 0)), codes
-        assert model.acked[1].matches(await api.state("roll", TOPIC, 1))
+        assert model.exact(0).matches(await api.state("roll", TOPIC, 0)), codes
+        assert model.exact(1).matches(await api.state("roll", TOPIC, 1))
 
 
 # --- a disk that fails while the daemon loads ---------------------------------------------
@@ -159,7 +162,7 @@ async def test_a_partition_whose_disk_fails_while_loading_serves_once_the_fault_
     faulty = 1
     keys = partitions_in(faulty, NUM_PARTITIONS, group_id="load", count=2)
     other = partitions_in(0, NUM_PARTITIONS, group_id="load", count=1)
-    model = Acknowledged("load", keys + other)
+    model = AcknowledgedGroup("load", keys + other)
     daemon = await spawn(data_dir, partitions=NUM_PARTITIONS)
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url)
@@ -174,10 +177,7 @@ async def test_a_partition_whose_disk_fails_while_loading_serves_once_the_fault_
     )
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url)
-        deadline = time.monotonic() + DEADLINE_S
-        while (await api.readyz()).status != 200:
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.02)
+        await api.wait_ready()
         ready = await api.readyz()
         assert ready.body["failed_partitions"] == [faulty], ready.body
         listing = await statuses(api)
@@ -190,9 +190,9 @@ async def test_a_partition_whose_disk_fails_while_loading_serves_once_the_fault_
         await arm(control)
         await wait_all_active(api)
         await model.check(api)
-        entry, expected = next_write(random.Random(1), keys[0], model.acked[keys[0]])
+        entry, expected = next_write(random.Random(1), keys[0], model.exact(keys[0]))
         assert await api.codes("write", body("load", (TOPIC, [entry]))) == [0]
-        model.acked[keys[0]] = expected
+        model.acknowledge(keys[0], expected)
         await model.check(api)
 
 
@@ -219,14 +219,14 @@ async def test_entries_answered_15_stay_invisible_after_a_crash(spawn, tmp_path,
     control = tmp_path / "failpoints.json"
     data_dir = tmp_path / "data"
     keys = partitions_in(0, 1, group_id="after15", count=3)
-    model = Acknowledged("after15", keys)
+    model = AcknowledgedGroup("after15", keys)
     daemon = await spawn(data_dir, partitions=1, env={FAILPOINTS: str(control)})
     rng = random.Random(9)
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, "msgpack")
         assert await api.codes("initialize", model.init_body()) == [0, 0, 0]
         await arm(control, *({**f, "path_contains": "journal/"} for f in faults))
-        writes = [next_write(rng, k, model.acked[k]) for k in keys]
+        writes = [next_write(rng, k, model.exact(k)) for k in keys]
         codes = await api.codes("write", body("after15", (TOPIC, [e for e, _ in writes])))
         assert codes == [15, 15, 15]
     os.kill(daemon.pid, signal.SIGKILL)
@@ -387,16 +387,21 @@ async def test_a_disk_error_in_the_prune_job_is_a_line_not_a_trace(spawn, tmp_pa
     )
     await arm(control, {"op": "unlink", "errno": "EIO", "times": None})
     rng = random.Random(2)
-    model = Acknowledged("prune", [0])
+    model = AcknowledgedGroup("prune", [0])
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, "msgpack")
         assert await api.codes("initialize", model.init_body()) == [0]
-        deadline = time.monotonic() + DEADLINE_S
-        while "periodic job prune failed" not in await asyncio.to_thread(daemon.stderr_text):
-            assert time.monotonic() < deadline, "the prune job never ran into the fault"
-            entry, expected = next_write(rng, 0, model.acked[0])
+
+        async def write_and_look() -> bool:
+            """Whether the log says the prune job failed; if not, one more write."""
+            if "periodic job prune failed" in await asyncio.to_thread(daemon.stderr_text):
+                return True
+            entry, expected = next_write(rng, 0, model.exact(0))
             assert await api.codes("write", body("prune", (TOPIC, [entry]))) == [0]
-            model.acked[0] = expected
+            model.acknowledge(0, expected)
+            return False
+
+        await wait_until(write_and_look, "the prune job to run into the fault")
         await model.check(api)
     assert await asyncio.to_thread(daemon.terminate) == 0
     stderr = await asyncio.to_thread(daemon.stderr_text)
@@ -427,28 +432,35 @@ async def test_pruning_never_counts_on_a_snapshot_that_is_not_durable(spawn, tmp
     daemon = await spawn(data_dir, *flags, partitions=1)
     rng = random.Random(4)
     a, b = 0, 1
-    model = Acknowledged("prune-race", [a, b])
+    model = AcknowledgedGroup("prune-race", [a, b])
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, "msgpack")
         assert await api.codes("initialize", model.init_body()) == [0, 0]
-        entry, expected = next_write(rng, a, model.acked[a])
+        entry, expected = next_write(rng, a, model.exact(a))
         assert await api.codes("write", body("prune-race", (TOPIC, [entry]))) == [0]
-        model.acked[a] = expected
+        model.acknowledge(a, expected)
         # Forty snapshots of B in one request (one linger): several segments on.
         entries = []
         for _ in range(40):
-            entry, model.acked[b] = next_write(rng, b, model.acked[b])
+            entry, expected = next_write(rng, b, model.exact(b))
+            model.acknowledge(b, expected)
             entries.append(entry)
         assert set(await api.codes("write", body("prune-race", (TOPIC, entries)))) == {0}
         assert (await statuses(api))[0]["log_start_offset"] == 0
 
-        entry, model.unknown[a] = next_write(rng, a, model.acked[a])
+        entry, maybe = next_write(rng, a, model.exact(a))
+        model.unanswered(a, maybe)
         writing = asyncio.ensure_future(api.codes("write", body("prune-race", (TOPIC, [entry]))))
-        deadline = time.monotonic() + DEADLINE_S
+
+        async def pruned_or_answered() -> bool:
+            return writing.done() or await log_start(api) > 0
+
         # Until the oldest segment is pruned, or the write is answered (then durable).
-        while (await statuses(api))[0]["log_start_offset"] == 0 and not writing.done():
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.005)
+        await wait_until(
+            pruned_or_answered,
+            "the oldest segment to be pruned or the write to be answered",
+            max_pause=0.005,
+        )
         os.kill(daemon.pid, signal.SIGKILL)
         with contextlib.suppress(aiohttp.ClientError):
             await writing

@@ -34,6 +34,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.harness import TOPIC, Daemon, DaemonConfig
 from tests.hostile_strings import not_utf8
 from tests.kafka_client import (
     LATEST,
@@ -44,7 +45,6 @@ from tests.kafka_client import (
     message_class,
     schema,
 )
-from tests.server.daemons import TOPIC, Daemon, start_daemon
 
 SHORT = 400
 LONG = 20000
@@ -55,16 +55,16 @@ CODES = {0, 3, 14, 15, 16, 42, 74, 124}
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, str, int]]:
     root: Path = tmp_path_factory.mktemp("kafka-fuzz")
-    daemon = start_daemon(
-        root / "data",
-        "--kafka-listener", "127.0.0.1:0",
+    flags = (
         "--request-timeout-s", "5",
         "--max-body-bytes", str(MAX_BODY),
         "--max-entries-per-request", "64",
         "--max-state-batches-per-entry", "16",
-        partitions=4,
-        log_dir=root,
     )  # fmt: skip
+    config = DaemonConfig(
+        root / "data", flags, partitions=4, kafka_listener="127.0.0.1:0", log_dir=root
+    )
+    daemon = Daemon(config).start()
     host, port = kafka_address(daemon.stdout_lines)
     yield daemon, host, port
     assert daemon.process.poll() is None, "the daemon died"

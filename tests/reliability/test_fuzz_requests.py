@@ -35,9 +35,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.harness import MEDIA, TOPIC, TOPIC_RFC4122, Daemon, DaemonConfig
 from tests.hostile_strings import PLACEHOLDER, encode_with, hostile_text
 from tests.reliability.raw_http import RawReply, exchange, request_bytes
-from tests.server.daemons import MEDIA, TOPIC, TOPIC_RFC4122, Daemon, start_daemon
 
 MAX_BODY = 65536
 RPCS = ("initialize", "read", "write", "delete", "read-summary")
@@ -49,8 +49,7 @@ LONG = 25000  # under -m slow
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     """One daemon for the module, with small limits so that every limit is reachable."""
     root: Path = tmp_path_factory.mktemp("fuzz")
-    daemon = start_daemon(
-        root / "data",
+    flags = (
         "--request-timeout-s",
         "5",
         "--max-body-bytes",
@@ -60,9 +59,8 @@ def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         "--max-state-batches-per-entry",
         "16",
         "--topic-catalog",
-        partitions=4,
-        log_dir=root,
     )
+    daemon = Daemon(DaemonConfig(root / "data", flags, partitions=4, log_dir=root)).start()
     yield daemon
     assert daemon.process.poll() is None, "the daemon died"
     assert daemon.terminate() == 0

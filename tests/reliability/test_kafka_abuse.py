@@ -34,9 +34,7 @@ import pytest
 
 from protocol import kafka_messages as km
 from server.kafka.connection import MAX_IN_FLIGHT
-from tests.kafka_client import KafkaClient, kafka_address, raw_request, share_request
-from tests.reliability.test_memory_bounded import rss_kib
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
     Api,
     Daemon,
@@ -45,9 +43,12 @@ from tests.server.daemons import (
     init_entry,
     metric_value,
     read_entry,
-    wait_metric,
+    series,
+    wait_until,
     write_entry,
 )
+from tests.kafka_client import KafkaClient, kafka_address, raw_request, share_request
+from tests.reliability.test_memory_bounded import rss_kib
 
 TOKEN = "kafka-abuse-token"
 MIB = 1 << 20
@@ -58,13 +59,7 @@ CLOSER = raw_request(-1, 0, 0)
 
 
 async def spawn_with_sasl(spawn, tmp_path: Path, *flags: str) -> tuple[Daemon, str, int]:
-    token_file = tmp_path / "token"
-    await asyncio.to_thread(token_file.write_text, TOKEN)
-    daemon = await spawn(
-        tmp_path / "data",
-        "--kafka-listener", "127.0.0.1:0", "--auth-token-file", str(token_file), *flags,
-        token=TOKEN,
-    )  # fmt: skip
+    daemon = await spawn(tmp_path / "data", *flags, kafka_listener="127.0.0.1:0", token=TOKEN)
     host, port = kafka_address(daemon.stdout_lines)
     return daemon, host, port
 
@@ -72,13 +67,6 @@ async def spawn_with_sasl(spawn, tmp_path: Path, *flags: str) -> tuple[Daemon, s
 async def page(daemon: Daemon) -> str:
     async with aiohttp.ClientSession() as session:
         return await Api(session, daemon.url, token=TOKEN).metrics()
-
-
-def series(text: str) -> set[str]:
-    """Every sample of a /metrics page, by name and labels (its value left out)."""
-    return {
-        line.rpartition(" ")[0] for line in text.splitlines() if line and not line.startswith("#")
-    }
 
 
 # --- versions before authentication ------------------------------------------------------
@@ -212,11 +200,7 @@ async def test_a_long_token_still_fits_before_authentication(spawn, tmp_path):
     bearer token (over the 8 KiB base; too long for an HTTP header, so /readyz is asked
     without it) still logs in over PLAIN."""
     token = "t" * 20_000
-    token_file = tmp_path / "token"
-    await asyncio.to_thread(token_file.write_text, token)
-    daemon = await spawn(
-        tmp_path / "data", "--kafka-listener", "127.0.0.1:0", "--auth-token-file", str(token_file)
-    )
+    daemon = await spawn(tmp_path / "data", kafka_listener="127.0.0.1:0", token=token)
     client = await KafkaClient.connect(*kafka_address(daemon.stdout_lines))
     try:
         await client.login_plain(token)
@@ -238,7 +222,11 @@ async def test_a_thousand_unauthenticated_big_frames_cost_no_memory(spawn, tmp_p
         await asyncio.to_thread(close_all, opened)
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, token=TOKEN)
-        await wait_metric(api, "sharecoord_kafka_connections", lambda v: v == 0)
+        await wait_until(
+            lambda: api.metric("sharecoord_kafka_connections"),
+            "no Kafka connection open",
+            until=lambda v: v == 0,
+        )
         closed = metric_value(
             await api.metrics(), "sharecoord_kafka_connections_closed_total", reason="too_large"
         )
@@ -310,8 +298,9 @@ async def test_a_client_that_does_not_read_gets_few_requests_run(spawn, tmp_path
         before = await reads_run(api)
         client = await logged_in(host, port)
         await pipeline_without_reading(client, 500)
-        await wait_metric(
-            api, "sharecoord_kafka_connections_closed_total", lambda v: v >= 1, reason="slow_reader"
+        await wait_until(
+            lambda: api.metric("sharecoord_kafka_connections_closed_total", reason="slow_reader"),
+            "a connection closed as a slow reader",
         )
         abort(client)
         run = await reads_run(api) - before
@@ -361,15 +350,26 @@ async def test_thirty_clients_that_do_not_read_cost_bounded_memory_and_others_no
         # all it will for them (the count of Reads run stays put for a second).
         rss_open = before
         burst: list[float] = []
-        deadline = time.monotonic() + 300
         last_count, last_change = -1.0, time.monotonic()
-        while time.monotonic() - last_change < 1.0:
-            assert time.monotonic() < deadline, "the daemon kept running their Reads"
+
+        async def burst_read() -> float:
+            """One timed Read; how long the abusers' count of Reads run stayed put."""
+            nonlocal rss_open, last_count, last_change
             burst.append(await timed_small_read(other))
             rss_open = max(rss_open, await asyncio.to_thread(rss_kib, daemon.pid))
             count = await reads_run(api) - len(burst)  # the abusers' only
             if count != last_count:
                 last_count, last_change = count, time.monotonic()
+            return time.monotonic() - last_change
+
+        # No pause between two Reads: each one is a figure of the burst.
+        await wait_until(
+            burst_read,
+            "the daemon to stop running their Reads",
+            until=lambda still: still >= 1.0,
+            timeout=300,
+            max_pause=0,
+        )
         # Then, while they hang on.
         steady = []
         for i in range(1000):
@@ -379,7 +379,11 @@ async def test_thirty_clients_that_do_not_read_cost_bounded_memory_and_others_no
         run = await reads_run(api) - run_before - len(burst) - len(steady)
         for abuser in abusers:
             abort(abuser)
-        await wait_metric(api, "sharecoord_kafka_connections", lambda v: v == 1)
+        await wait_until(
+            lambda: api.metric("sharecoord_kafka_connections"),
+            "one Kafka connection open",
+            until=lambda v: v == 1,
+        )
         await other.close()
     after = await asyncio.to_thread(rss_kib, daemon.pid)
     steady.sort()

@@ -15,8 +15,8 @@ import gzip
 import aiohttp
 import pytest
 
+from tests.harness import Api, metric_value
 from tests.reliability.raw_http import Closed, RawReply, Reader, connect, exchange, request_bytes
-from tests.server.daemons import Api, metric_value
 
 RPC = "/v1/share-group-state/read"
 JSON = {"Content-Type": "application/json"}

@@ -20,8 +20,8 @@ import socket
 import msgpack
 import pytest
 
+from tests.harness import TOPIC, Daemon
 from tests.reliability.raw_http import connect, exchange, request_bytes
-from tests.server.daemons import TOPIC, Daemon
 
 RPC = "/v1/share-group-state/write"
 MIB = 1 << 20

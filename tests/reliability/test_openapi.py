@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings
 from server.config import load_serve_config
 from server.http.app import create_app
 from server.node import Node
-from tests.server.daemons import REPO_ROOT, Daemon, start_daemon
+from tests.harness import REPO_ROOT, Daemon, DaemonConfig
 
 OPENAPI = REPO_ROOT / "openapi.yaml"
 TOKEN = "openapi-token"
@@ -61,12 +61,7 @@ def test_the_spec_names_exactly_the_routes_of_create_app(tmp_path):
 @pytest.fixture(scope="module")
 def described(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root = tmp_path_factory.mktemp("openapi")
-    token = root / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)
-    daemon = start_daemon(
-        root / "data", "--auth-token-file", str(token), partitions=4, log_dir=root
-    )
+    daemon = Daemon(DaemonConfig(root / "data", partitions=4, token=TOKEN, log_dir=root)).start()
     yield daemon
     assert daemon.process.poll() is None, "the daemon died"
     assert daemon.terminate() == 0

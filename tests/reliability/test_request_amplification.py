@@ -32,7 +32,7 @@ import pytest
 from persistence import FileOps
 from persistence.journal import journal_dir, scan_journal
 from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES
-from tests.server.daemons import MEDIA, TOPIC, Api, Daemon, encode
+from tests.harness import MEDIA, TOPIC, Api, Daemon, encode
 
 G = DEFAULT_MAX_GROUP_ID_BYTES
 ENTRIES = 5000

@@ -31,8 +31,8 @@ from server.config import load_serve_config
 from server.http.app import create_app
 from server.node import Node
 from server.security import client_ssl_context
+from tests.harness import MEDIA, TOPIC, Api, Daemon, DaemonConfig, body, encode, init_entry
 from tests.reliability.raw_http import exchange, request_bytes
-from tests.server.daemons import MEDIA, TOPIC, Api, Daemon, body, encode, init_entry, start_daemon
 
 TOKEN = "reliability-s3cret-token"
 OPEN = {"/healthz", "/readyz", "/metrics"}
@@ -73,16 +73,8 @@ def v1_routes(tmp_path: Path) -> list[tuple[str, str]]:
 
 
 @pytest.fixture
-def token_file(tmp_path: Path) -> Path:
-    path = tmp_path / "token"
-    path.write_text(TOKEN + "\n")
-    path.chmod(0o600)
-    return path
-
-
-@pytest.fixture
-async def guarded(spawn, tmp_path, token_file) -> Daemon:
-    return await spawn(tmp_path / "data", "--auth-token-file", str(token_file), token=TOKEN)
+async def guarded(spawn, tmp_path) -> Daemon:
+    return await spawn(tmp_path / "data", token=TOKEN)
 
 
 @pytest.mark.parametrize("fmt", ["json", "msgpack"])
@@ -211,10 +203,7 @@ def _is_the_token(value: str) -> bool:
 @pytest.fixture(scope="module")
 def guarded_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     root = tmp_path_factory.mktemp("auth-fuzz")
-    token = root / "token"
-    token.write_text(TOKEN)
-    token.chmod(0o600)
-    daemon = start_daemon(root / "data", "--auth-token-file", str(token), log_dir=root)
+    daemon = Daemon(DaemonConfig(root / "data", token=TOKEN, log_dir=root)).start()
     yield daemon
     assert daemon.process.poll() is None
     assert daemon.terminate() == 0

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from server.http.connection import ApiAppRunner
+from tests.harness import TOPIC, Api, body, init_entry, read_entry
 from tests.reliability.raw_http import (
     ESTABLISHED,
     Reader,
@@ -29,7 +30,6 @@ from tests.reliability.raw_http import (
     server_side_states,
     wait_cut_off,
 )
-from tests.server.daemons import TOPIC, Api, body, init_entry, read_entry
 
 TIMEOUT = "1"
 DEADLINE_S = 120.0  # safety nets, never timing assertions
@@ -52,7 +52,7 @@ def dribble(sock: socket.socket, data: bytes, stop: threading.Event, pause_s: fl
             sock.sendall(bytes([byte]))
         except OSError:
             return
-        time.sleep(pause_s)
+        time.sleep(pause_s)  # a slow client on purpose, not a wait
 
 
 async def test_slow_headers_are_cut_off_and_others_are_served(spawn, tmp_path, figures):

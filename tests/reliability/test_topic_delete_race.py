@@ -31,7 +31,7 @@ import aiohttp
 import pytest
 
 from protocol import errors
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
     Api,
     batch,

@@ -17,8 +17,8 @@ from typing import Any
 
 import aiohttp
 
+from tests.harness import FORMATS, MEDIA, TOPIC, TOPIC_RFC4122, decode, encode, wait_until
 from tests.reliability.model import Key, Model, Request
-from tests.server.daemons import FORMATS, MEDIA, TOPIC, TOPIC_RFC4122, decode, encode
 
 # A safety net against a hung test, never a timing assertion.
 REQUEST_TIMEOUT_S = 120.0
@@ -81,11 +81,15 @@ class Traffic:
 
     async def worker(self, session: aiohttp.ClientSession, url: str) -> None:
         """Send requests until stopped or until the daemon stops answering."""
-        while not self.stopped:
-            request = self._pick()
-            if request is None:
-                await asyncio.sleep(0.001)
-                continue
+        while True:
+            # True once stopped; None while requests in flight hold every key.
+            request = await wait_until(
+                lambda: self.stopped or self._pick(),
+                "a key no request in flight holds",
+                max_pause=0.001,
+            )
+            if request is True:
+                return
             keys = request.touched()
             self.free -= keys
             try:

@@ -1,12 +1,11 @@
-"""Fixtures of the end-to-end tests: the daemon in process behind a real socket, real
-daemon processes, and the test PKI (made with the openssl CLI, as test_security does)."""
+"""Fixtures of the end-to-end tests: the daemon in process behind a real socket (the
+daemon as a process comes from the harness's ``spawn`` and ``daemons``, tests/harness)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,7 @@ from server.http.edge import EDGE, Edge
 from server.http.transport import api_runner
 from server.node import Node
 from tests.fullfs import full_disk  # noqa: F401
-from tests.server.daemons import FORMATS, Api, Daemon, start_daemon
-
-# The session PKI of test_security (CA, server and client certificates), shared.
+from tests.harness import FORMATS, Api
 
 
 @pytest.fixture(params=FORMATS)
@@ -141,45 +138,6 @@ async def serve(tmp_path: Path) -> AsyncIterator[ServeFactory]:
     for served in reversed(started):
         await served.session.close()
         await served.server.close()
-
-
-# --- daemons in child processes -------------------------------------------------------------
-
-
-@pytest.fixture
-def daemons(tmp_path: Path) -> Iterator[list[Daemon]]:
-    """Every daemon a test starts goes in this list; whatever still runs at the end is
-    killed (and its stderr shown when the test failed)."""
-    started: list[Daemon] = []
-    yield started
-    for daemon in started:
-        if daemon.process.poll() is None:
-            daemon.kill()
-
-
-@pytest.fixture
-def spawn(tmp_path: Path, daemons: list[Daemon]) -> Callable[..., Awaitable[Daemon]]:
-    """``await spawn(data_dir, *flags, **kw)``: ``start_daemon`` off the loop, tracked;
-    then wait until /readyz says ready (unless ``ready=False``; ``ssl_context`` is the
-    client's for a TLS daemon)."""
-
-    async def start(
-        data_dir: str | Path,
-        *flags: str,
-        ready: bool = True,
-        ssl_context: ssl.SSLContext | None = None,
-        token: str | None = None,
-        **kwargs: Any,
-    ) -> Daemon:
-        kwargs.setdefault("log_dir", tmp_path / "logs")
-        daemon = await asyncio.to_thread(start_daemon, data_dir, *flags, **kwargs)
-        daemons.append(daemon)
-        if ready:
-            async with aiohttp.ClientSession() as session:
-                await Api(session, daemon.url, ssl_context=ssl_context, token=token).wait_ready()
-        return daemon
-
-    return start
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.server.daemons import REPO_ROOT, child_env
+from tests.harness import REPO_ROOT, child_env
 
 # 400 buffers of 200 KB (a Read answer of a large state); every other one is freed
 # while its neighbours stay: what the heap looks like while some answers went out and

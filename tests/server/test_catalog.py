@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from server.catalog import CATALOG_FILE, CatalogError, TopicCatalog
-from tests.server.daemons import OTHER_TOPIC, TOPIC
+from tests.harness import OTHER_TOPIC, TOPIC
 
 
 def write(data_dir: Path, document: object) -> None:

@@ -27,7 +27,7 @@ import pytest
 
 from persistence import StateLog
 from persistence.ownership import Assignment
-from tests.server.daemons import REPO_ROOT, TOPIC, child_env
+from tests.harness import REPO_ROOT, TOPIC, child_env
 
 # A safety net: every row finishes in well under a second when the checks come first.
 ROW_TIMEOUT_S = 60.0

@@ -315,7 +315,7 @@ def test_format_partitions_collapses_runs():
 
 
 def test_kafka_port_is_optional_and_read_per_node(tmp_path):
-    path = cluster_with(tmp_path, 2, 'partitions = [0]\nkafka_port = 9092', "partitions = [1]")
+    path = cluster_with(tmp_path, 2, "partitions = [0]\nkafka_port = 9092", "partitions = [1]")
     cluster = load_cluster(path)
     assert [n.kafka_port for n in cluster.nodes] == [9092, None]
 

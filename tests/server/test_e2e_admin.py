@@ -16,7 +16,7 @@ import pytest
 
 from protocol.routing import partition_for
 from protocol.topic_id import topic_id_to_rfc4122
-from tests.server.daemons import (
+from tests.harness import (
     MEDIA,
     OTHER_TOPIC,
     TOPIC,

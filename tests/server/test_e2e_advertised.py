@@ -11,7 +11,7 @@ import textwrap
 
 import aiohttp
 
-from tests.server.daemons import TOPIC, Api, free_port, run_cli
+from tests.harness import TOPIC, Api, free_port, run_cli
 
 KEY = f"g:{TOPIC}:3"
 

@@ -19,9 +19,9 @@ import aiohttp
 import pytest
 
 from persistence import list_segments, partition_dir
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
-    Acknowledged,
+    AcknowledgedGroup,
     Api,
     DaemonExited,
     body,
@@ -39,23 +39,24 @@ async def cli(*args: str):
     return await asyncio.to_thread(run_cli, *args)
 
 
-async def fill(spawn, data_dir: Path) -> Acknowledged:
+async def fill(spawn, data_dir: Path) -> AcknowledgedGroup:
     """A data directory with state in every partition and many records in ``DAMAGED``;
     the daemon is stopped again."""
     keys = {
         p: partitions_in(p, NUM_PARTITIONS, group_id=GROUP, count=2) for p in range(NUM_PARTITIONS)
     }
-    model = Acknowledged(GROUP, [k for ks in keys.values() for k in ks])
+    model = AcknowledgedGroup(GROUP, [k for ks in keys.values() for k in ks])
     rng = random.Random(5)
     daemon = await spawn(data_dir, partitions=NUM_PARTITIONS)
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url)
         assert set(await api.codes("initialize", model.init_body())) == {0}
         for _ in range(40):
-            writes = {k: next_write(rng, k, model.acked[k]) for k in keys[DAMAGED]}
+            writes = {k: next_write(rng, k, model.exact(k)) for k in keys[DAMAGED]}
             entries = [entry for entry, _ in writes.values()]
             assert set(await api.codes("write", body(GROUP, (TOPIC, entries)))) == {0}
-            model.acked.update({k: expected for k, (_, expected) in writes.items()})
+            for k, (_, expected) in writes.items():
+                model.acknowledge(k, expected)
     assert await asyncio.to_thread(daemon.terminate) == 0
     return model
 
@@ -88,7 +89,8 @@ async def test_log_verify_healthy_then_damaged(spawn, tmp_path):
         api = Api(session, daemon.url)
         ready = await api.readyz()
         assert (ready.status, ready.body["failed_partitions"]) == (200, [DAMAGED])
-        for key, expected in model.acked.items():
+        for key in model.keys:
+            expected = model.exact(key)
             reply = await api.admin_state(GROUP, TOPIC, key)
             if key in partitions_in(DAMAGED, NUM_PARTITIONS, group_id=GROUP, count=2):
                 assert (reply.status, reply.body["error_code"]) == (503, 15)
@@ -112,8 +114,8 @@ async def test_log_dump_prints_every_record(spawn, tmp_path):
     assert dump.returncode == 0, dump.stderr
     lines = dump.stdout.splitlines()
     # 8 initializes, 80 writes.
-    assert len(lines) == len(model.acked) + 80
-    assert sum("ShareSnapshot" in line for line in lines) >= len(model.acked)
+    assert len(lines) == len(model.keys) + 80
+    assert sum("ShareSnapshot" in line for line in lines) >= len(model.keys)
     assert any("ShareUpdate" in line for line in lines)
     assert all(f"{GROUP}:{TOPIC}:" in line for line in lines)
     dump = await cli(
@@ -126,8 +128,8 @@ async def test_log_dump_prints_every_record(spawn, tmp_path):
     assert {r["state_partition"] for r in records} == {DAMAGED}
     last = {r["partition"]: r for r in records}
     for key, record in last.items():
-        assert record["start_offset"] == model.acked[key].start_offset
-        assert record["delivery_complete_count"] == model.acked[key].delivery_complete_count
+        assert record["start_offset"] == model.exact(key).start_offset
+        assert record["delivery_complete_count"] == model.exact(key).delivery_complete_count
     bad = await cli("log", "dump", "--data-dir", str(data_dir), "--partition", "99")
     assert bad.returncode == 2
 

@@ -16,21 +16,21 @@ import aiohttp
 import pytest
 
 from protocol.routing import partition_for
-from tests.kafka_client import KafkaClient, kafka_address, message_class
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
     TOPIC_RFC4122,
     Api,
     Daemon,
     DaemonExited,
     body,
-    free_port,
+    free_ports,
     init_entry,
     part,
     partitions_in,
     read_entry,
     write_entry,
 )
+from tests.kafka_client import KafkaClient, kafka_address, message_class
 
 NUM_PARTITIONS = 8
 OWNED = {0: "0-3", 1: "4-7"}
@@ -68,10 +68,9 @@ async def start_cluster(
     directory and the ports named in the file (with ``kafka``, each with a Kafka listener
     at its ``kafka_port`` too)."""
     for _ in range(5):  # a port taken between choosing and binding it: choose again
-        ports = {0: free_port(), 1: free_port()}
-        kafka_ports = {0: free_port(), 1: free_port()} if kafka else {}
-        if len({*ports.values(), *kafka_ports.values()}) != 2 + len(kafka_ports):
-            continue
+        chosen = free_ports(4 if kafka else 2)
+        ports = {0: chosen[0], 1: chosen[1]}
+        kafka_ports = {0: chosen[2], 1: chosen[3]} if kafka else {}
         cluster_file = tmp_path / "cluster.toml"
         await asyncio.to_thread(write_cluster_file, cluster_file, ports, kafka_ports, owned)
         try:

@@ -19,9 +19,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
-    Acknowledged,
+    AcknowledgedGroup,
     Api,
     Daemon,
     body,
@@ -35,7 +35,7 @@ KEYS = list(range(24))
 
 
 async def write_until_killed(
-    api: Api, daemon: Daemon, rng: random.Random, model: Acknowledged
+    api: Api, daemon: Daemon, rng: random.Random, model: AcknowledgedGroup
 ) -> int:
     """Concurrent random writes of disjoint keys; SIGKILL right after the ``n``th 200."""
     kill_after = rng.randint(2, 20)
@@ -48,8 +48,9 @@ async def write_until_killed(
         while not killed:
             chosen = rng.sample(sorted(free), min(len(free), rng.randint(1, 6)))
             free.difference_update(chosen)
-            writes = {key: next_write(rng, key, model.acked[key]) for key in chosen}
-            model.unknown.update({key: expected for key, (_, expected) in writes.items()})
+            writes = {key: next_write(rng, key, model.exact(key)) for key in chosen}
+            for key, (_, expected) in writes.items():
+                model.unanswered(key, expected)
             entries = [entry for entry, _ in writes.values()]
             try:
                 reply = await api.rpc_reply("write", body(GROUP, (TOPIC, entries)))
@@ -59,8 +60,7 @@ async def write_until_killed(
             codes = [r["error_code"] for r in reply.body["results"][0]["partitions"]]
             assert codes == [0] * len(entries), reply.body
             for key, (_, expected) in writes.items():
-                model.acked[key] = expected
-                del model.unknown[key]
+                model.acknowledge(key, expected)
             free.update(chosen)
             acked += 1
             if acked == kill_after and not killed:
@@ -73,7 +73,7 @@ async def write_until_killed(
 
 async def kill_and_restart_rounds(spawn, data_dir: Path, rounds: int, seed: int) -> None:
     rng = random.Random(seed)
-    model = Acknowledged(GROUP, KEYS)
+    model = AcknowledgedGroup(GROUP, KEYS)
     async with aiohttp.ClientSession() as session:
         daemon = await spawn(data_dir)
         api = Api(session, daemon.url, "msgpack")
@@ -85,7 +85,7 @@ async def kill_and_restart_rounds(spawn, data_dir: Path, rounds: int, seed: int)
             api = Api(session, daemon.url, rng.choice(("json", "msgpack")))
             await api.wait_ready()
             await model.check(api)
-            assert not model.unknown, round_number
+            assert not model.uncertain(), round_number
         assert await asyncio.to_thread(daemon.terminate) == 0
     verify = await asyncio.to_thread(run_cli, "log", "verify", "--data-dir", str(data_dir))
     assert verify.returncode == 0, verify.stdout + verify.stderr
@@ -109,7 +109,7 @@ async def test_sigterm_with_requests_in_flight_exits_0_and_keeps_what_was_acknow
 ):
     data_dir = tmp_path / "data"
     rng = random.Random(7)
-    model = Acknowledged(GROUP, KEYS)
+    model = AcknowledgedGroup(GROUP, KEYS)
     async with aiohttp.ClientSession() as session:
         daemon = await spawn(data_dir)
         api = Api(session, daemon.url)
@@ -125,8 +125,8 @@ async def test_sigterm_with_requests_in_flight_exits_0_and_keeps_what_was_acknow
             async with aiohttp.ClientSession() as own:
                 mine = Api(own, daemon.url, "msgpack")
                 while True:
-                    entry, expected = next_write(rng, key, model.acked[key])
-                    model.unknown[key] = expected
+                    entry, expected = next_write(rng, key, model.exact(key))
+                    model.unanswered(key, expected)
                     try:
                         reply = await mine.rpc_reply("write", body(GROUP, (TOPIC, [entry])))
                     except aiohttp.ClientConnectionError:
@@ -135,8 +135,7 @@ async def test_sigterm_with_requests_in_flight_exits_0_and_keeps_what_was_acknow
                         return
                     assert reply.status == 200, reply.body
                     assert reply.body["results"][0]["partitions"][0]["error_code"] == 0, reply.body
-                    model.acked[key] = expected
-                    del model.unknown[key]
+                    model.acknowledge(key, expected)
                     answered += 1
                     if answered == 100:
                         daemon.signal(signal.SIGTERM)

@@ -16,29 +16,28 @@ import asyncio
 import json
 import os
 import random
-import time
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
-    Acknowledged,
+    AcknowledgedGroup,
     Api,
     body,
     next_write,
     partitions_in,
     read_entry,
     run_cli,
+    wait_until,
 )
 
 NUM_PARTITIONS = 4
 FAULTY = 1
 GROUP = "faults"
 MSG_NOT_AVAILABLE = "Share coordinator is not available."
-DEADLINE_S = 120.0  # a safety net, not a timing assertion
 
 FAULTS = {
     "fsync EIO": {"op": "fsync", "errno": "EIO"},
@@ -69,18 +68,18 @@ def keys_by_partition() -> dict[int, list[int]]:
 
 
 async def write(
-    api: Api, model: Acknowledged, rng: random.Random, keys: list[int]
+    api: Api, model: AcknowledgedGroup, rng: random.Random, keys: list[int]
 ) -> dict[int, int]:
     """One write request for ``keys``; the model learns what was acknowledged. Returns
     each key's error code."""
-    writes = {key: next_write(rng, key, model.acked[key]) for key in keys}
+    writes = {key: next_write(rng, key, model.exact(key)) for key in keys}
     results = await api.results("write", body(GROUP, (TOPIC, [e for e, _ in writes.values()])))
     codes = {}
     for (key, (_, expected)), result in zip(writes.items(), results, strict=True):
         assert result["partition"] == key
         codes[key] = result["error_code"]
         if result["error_code"] == 0:
-            model.acked[key] = expected
+            model.acknowledge(key, expected)
             assert result["error_message"] is None
         else:
             assert result["error_code"] == 15, result
@@ -101,7 +100,7 @@ async def test_a_failing_partition_answers_15_recovers_and_loses_or_invents_noth
     rng = random.Random(fault)
     keys = keys_by_partition()
     everything = [k for ks in keys.values() for k in ks]
-    model = Acknowledged(GROUP, everything)
+    model = AcknowledgedGroup(GROUP, everything)
     env = {"SHARECOORD_FAILPOINTS": str(control)}
     daemon = await spawn(data_dir, *CHECKPOINT_EVERY_COMMIT, partitions=NUM_PARTITIONS, env=env)
     async with aiohttp.ClientSession() as session:
@@ -113,9 +112,11 @@ async def test_a_failing_partition_answers_15_recovers_and_loses_or_invents_noth
         await arm(control, **FAULTS[fault], path_contains=f"partitions/{FAULTY}/", times=None)
         # The journal made the first write after the fault durable (answered 0); its
         # file write, or the checkpoint's fsync after it, stops the partition.
-        deadline = time.monotonic() + DEADLINE_S
-        while {(await write(api, model, rng, everything))[k] for k in keys[FAULTY]} != {15}:
-            assert time.monotonic() < deadline, "the fault never showed"
+        await wait_until(
+            lambda: write(api, model, rng, everything),
+            "the faulty partition's writes to fail",
+            until=lambda codes: {codes[k] for k in keys[FAULTY]} == {15},
+        )
         # Entries of every partition in one request: the faulty one's fail alone.
         for _ in range(3):
             codes = await write(api, model, rng, everything)
@@ -135,10 +136,11 @@ async def test_a_failing_partition_answers_15_recovers_and_loses_or_invents_noth
             assert (reply.status, reply.body["error_code"]) == (503, 15)
 
         await clear(control)
-        deadline = time.monotonic() + DEADLINE_S
-        while (await write(api, model, rng, keys[FAULTY]))[keys[FAULTY][0]] != 0:
-            assert time.monotonic() < deadline, "the partition did not recover"
-            await asyncio.sleep(0.05)
+        await wait_until(
+            lambda: write(api, model, rng, keys[FAULTY]),
+            "the partition to recover",
+            until=lambda codes: codes[keys[FAULTY][0]] == 0,
+        )
         assert set((await write(api, model, rng, everything)).values()) == {0}
         ready = await api.readyz()
         ready_body = {"status": "ready", "failed_partitions": [], "failures": []}
@@ -150,7 +152,7 @@ async def test_a_failing_partition_answers_15_recovers_and_loses_or_invents_noth
     daemon = await spawn(data_dir, partitions=NUM_PARTITIONS)
     async with aiohttp.ClientSession() as session:
         await model.check(Api(session, daemon.url))
-    assert not model.unknown
+    assert not model.uncertain()
     assert await asyncio.to_thread(daemon.terminate) == 0
     verify = await asyncio.to_thread(run_cli, "log", "verify", "--data-dir", str(data_dir))
     assert verify.returncode == 0, verify.stdout + verify.stderr
@@ -162,7 +164,7 @@ async def test_a_single_failed_fsync_is_followed_by_recovery_on_its_own(spawn, t
     control = tmp_path / "failpoints.json"
     rng = random.Random(3)
     keys = keys_by_partition()
-    model = Acknowledged(GROUP, keys[FAULTY])
+    model = AcknowledgedGroup(GROUP, keys[FAULTY])
     daemon = await spawn(
         tmp_path / "data",
         *CHECKPOINT_EVERY_COMMIT,
@@ -176,14 +178,15 @@ async def test_a_single_failed_fsync_is_followed_by_recovery_on_its_own(spawn, t
         # The checkpoint's fsync fails, and so do the first two reloads' (it backs off).
         await arm(control, op="fsync", errno="EIO", path_contains=f"partitions/{FAULTY}/", times=3)
         seen: set[int] = set()
-        deadline = time.monotonic() + DEADLINE_S
-        while True:
+
+        async def failed_and_recovered() -> bool:
             codes = set((await write(api, model, rng, keys[FAULTY])).values())
-            seen |= codes
-            if 15 in seen and codes == {0}:
-                break  # it failed, and recovered on its own
-            assert time.monotonic() < deadline, "the partition did not fail and recover"
-            await asyncio.sleep(0.02)
+            seen.update(codes)
+            return 15 in seen and codes == {0}
+
+        await wait_until(
+            failed_and_recovered, "the partition to fail and recover on its own", max_pause=0.02
+        )
         await model.check(api)
 
 
@@ -197,7 +200,7 @@ async def test_no_answer_reveals_what_a_failed_fsync_did_not_make_durable(spawn,
     rng = random.Random(4)
     keys = keys_by_partition()
     key, other = keys[FAULTY][0], keys[0][0]
-    model = Acknowledged(GROUP, [key, other])
+    model = AcknowledgedGroup(GROUP, [key, other])
     daemon = await spawn(
         tmp_path / "data", partitions=NUM_PARTITIONS, env={"SHARECOORD_FAILPOINTS": str(control)}
     )
@@ -223,7 +226,7 @@ async def test_no_answer_reveals_what_a_failed_fsync_did_not_make_durable(spawn,
 
         for attempt in range(3):
             await arm(control, **fault, times=None)
-            entry, failing = next_write(rng, key, model.acked[key])
+            entry, failing = next_write(rng, key, model.exact(key))
             writing = asyncio.ensure_future(api.results("write", body(GROUP, (TOPIC, [entry]))))
             readers = [
                 api.results("read-summary", body(GROUP, (TOPIC, [read_entry(key)])))
@@ -235,11 +238,11 @@ async def test_no_answer_reveals_what_a_failed_fsync_did_not_make_durable(spawn,
                 if isinstance(answer, list):
                     summary = answer[0]
                     if summary["error_code"] == 0:
-                        assert summary["start_offset"] == model.acked[key].start_offset, attempt
+                        assert summary["start_offset"] == model.exact(key).start_offset, attempt
                     else:
                         assert summary["error_code"] == 15
                 elif answer.status == 200:
-                    assert model.acked[key].matches(answer.body), attempt
+                    assert model.exact(key).matches(answer.body), attempt
                     assert not failing.matches(answer.body)
                 else:
                     assert (answer.status, answer.body["error_code"]) == (503, 15)
@@ -249,11 +252,9 @@ async def test_no_answer_reveals_what_a_failed_fsync_did_not_make_durable(spawn,
 
 
 async def wait_recovered(api: Api, key: int) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
+    async def summary_code() -> int:
         summary = await api.results("read-summary", body(GROUP, (TOPIC, [read_entry(key)])))
-        if summary[0]["error_code"] == 0:
-            return
-        assert summary[0]["error_code"] == 15
-        assert time.monotonic() < deadline, "the partition did not recover"
-        await asyncio.sleep(0.05)
+        assert summary[0]["error_code"] in (0, 15), summary
+        return summary[0]["error_code"]  # type: ignore[no-any-return]
+
+    await wait_until(summary_code, f"the partition of key {key} to recover", until=lambda c: c == 0)

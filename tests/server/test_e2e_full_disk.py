@@ -16,7 +16,6 @@ import asyncio
 import os
 import random
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +24,18 @@ import pytest
 
 from server.runtime import READS_SERVED
 from tests.fullfs import FullFilesystem, full_filesystem, listing, no_temporary_files
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
-    Acknowledged,
+    AcknowledgedGroup,
     Api,
-    Daemon,
+    Daemons,
     body,
     metric_value,
     next_write,
     partitions_in,
     read_entry,
     run_cli,
+    wait_until,
 )
 
 NUM_PARTITIONS = 4
@@ -50,7 +50,6 @@ FLAGS = (
     "--write-timeout-ms",
     "60000",
 )
-DEADLINE_S = 120.0  # a safety net, not a timing assertion
 
 
 def the_keys() -> list[int]:
@@ -62,37 +61,38 @@ def the_keys() -> list[int]:
 
 
 async def write_keys(
-    api: Api, model: Acknowledged, rng: random.Random, keys: list[int]
+    api: Api, model: AcknowledgedGroup, rng: random.Random, keys: list[int]
 ) -> list[int]:
     """One write per key, in one request; the model learns what was acknowledged."""
-    writes = {key: next_write(rng, key, model.acked[key]) for key in keys}
+    writes = {key: next_write(rng, key, model.exact(key)) for key in keys}
     codes = await api.codes("write", body(GROUP, (TOPIC, [e for e, _ in writes.values()])))
     for (key, (_, expected)), code in zip(writes.items(), codes, strict=True):
         if code == 0:
-            model.acked[key] = expected
+            model.acknowledge(key, expected)
     return codes
 
 
 async def reads_served_everywhere(api: Api, partitions: int = NUM_PARTITIONS) -> None:
     """Wait until every partition says it serves reads (a partition whose write failed
     a moment ago may still be reading what is on disk)."""
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        failures = (await api.readyz()).body["failures"]
-        if len(failures) == partitions and all(READS_SERVED in f["error"] for f in failures):
-            return
-        assert time.monotonic() < deadline, failures
-        await asyncio.sleep(0.05)
+
+    def served(failures: list[dict[str, Any]]) -> bool:
+        return len(failures) == partitions and all(READS_SERVED in f["error"] for f in failures)
+
+    async def failures() -> list[dict[str, Any]]:
+        return (await api.readyz()).body["failures"]  # type: ignore[no-any-return]
+
+    await wait_until(failures, "every partition to serve reads", until=served)
 
 
-async def served_on_a_full_disk(api: Api, model: Acknowledged, rng: random.Random) -> None:
+async def served_on_a_full_disk(api: Api, model: AcknowledgedGroup, rng: random.Random) -> None:
     """Reads answered from what is on disk, writes 15, and the daemon says why."""
     await model.check(api)  # every acknowledged key reads back as acknowledged
-    keys = list(model.acked)
+    keys = model.keys
     reads = await api.results("read", body(GROUP, (TOPIC, [read_entry(k) for k in keys])))
     for key, result in zip(keys, reads, strict=True):
         assert result["error_code"] == 0, result
-        expected = model.acked[key]
+        expected = model.exact(key)
         batches = tuple(tuple(b.values()) for b in result["state_batches"])
         assert (result["start_offset"], batches) == (
             expected.start_offset,
@@ -117,19 +117,20 @@ async def served_on_a_full_disk(api: Api, model: Acknowledged, rng: random.Rando
         )
 
 
-async def writes_again(api: Api, model: Acknowledged, rng: random.Random) -> None:
+async def writes_again(api: Api, model: AcknowledgedGroup, rng: random.Random) -> None:
     """After the filler is deleted: writes are taken again, by themselves."""
-    deadline = time.monotonic() + DEADLINE_S
-    keys = list(model.acked)
-    while set(await write_keys(api, model, rng, keys)) != {0}:
-        assert time.monotonic() < deadline, (await api.readyz()).body
-        await asyncio.sleep(0.05)
+    keys = model.keys
+    await wait_until(
+        lambda: write_keys(api, model, rng, keys),
+        "a write of every key to be taken",
+        until=lambda codes: set(codes) == {0},
+    )
     ready = await api.readyz()
     assert ready.body["failed_partitions"] == [], ready.body
     await model.check(api)
 
 
-async def no_trace_and_a_clean_log(daemons: list[Daemon], data_dir: Path) -> None:
+async def no_trace_and_a_clean_log(daemons: Daemons, data_dir: Path) -> None:
     for daemon in daemons:
         stderr = await asyncio.to_thread(daemon.stderr_text)
         assert "Traceback" not in stderr, stderr
@@ -138,17 +139,17 @@ async def no_trace_and_a_clean_log(daemons: list[Daemon], data_dir: Path) -> Non
 
 
 async def test_a_restart_on_a_full_disk_serves_reads_and_writes_once_space_returns(
-    spawn: Any, daemons: list[Daemon], full_disk: FullFilesystem
+    spawn: Any, daemons: Daemons, full_disk: FullFilesystem
 ) -> None:
     rng = random.Random(3)
-    model = Acknowledged(GROUP, the_keys())
+    model = AcknowledgedGroup(GROUP, the_keys())
     data_dir = full_disk.path / "data"
     daemon = await spawn(data_dir, *FLAGS, partitions=NUM_PARTITIONS)
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, "msgpack")
         assert set(await api.codes("initialize", model.init_body())) == {0}
         for _ in range(5):
-            assert set(await write_keys(api, model, rng, list(model.acked))) == {0}
+            assert set(await write_keys(api, model, rng, model.keys)) == {0}
     assert await asyncio.to_thread(daemon.terminate) == 0
     before = await asyncio.to_thread(listing, data_dir)
     await asyncio.to_thread(full_disk.fill)
@@ -176,26 +177,32 @@ async def test_a_restart_on_a_full_disk_serves_reads_and_writes_once_space_retur
 
 
 async def test_a_daemon_killed_on_a_full_disk_restarts_serving_what_it_acknowledged(
-    spawn: Any, daemons: list[Daemon], full_disk: FullFilesystem
+    spawn: Any, daemons: Daemons, full_disk: FullFilesystem
 ) -> None:
     """The disk fills under writes (the journal takes some still, the partitions' files
     do not), and the daemon goes on answering reads; SIGKILL; the restart on the
     still-full disk has frames to bring from the journal into the files, which needs
     space, and serves the reads meanwhile."""
     rng = random.Random(4)
-    model = Acknowledged(GROUP, the_keys())
+    model = AcknowledgedGroup(GROUP, the_keys())
     data_dir = full_disk.path / "data"
     daemon = await spawn(data_dir, *FLAGS, partitions=NUM_PARTITIONS)
     async with aiohttp.ClientSession() as session:
         api = Api(session, daemon.url, "msgpack")
         assert set(await api.codes("initialize", model.init_body())) == {0}
         await asyncio.to_thread(full_disk.fill)
-        deadline = time.monotonic() + DEADLINE_S
         acknowledged_when_full = 0
-        # Until every partition failed: acknowledged writes are in the journal only.
-        while set(codes := await write_keys(api, model, rng, list(model.acked))) != {15}:
+
+        async def write_every_key() -> list[int]:
+            nonlocal acknowledged_when_full
+            codes = await write_keys(api, model, rng, model.keys)
             acknowledged_when_full += codes.count(0)
-            assert time.monotonic() < deadline
+            return codes
+
+        # Until every partition failed: acknowledged writes are in the journal only.
+        await wait_until(
+            write_every_key, "every write to fail", until=lambda codes: set(codes) == {15}
+        )
         assert acknowledged_when_full > 0
         # The disk filled under the running daemon: its reads go on all the same.
         await reads_served_everywhere(api)

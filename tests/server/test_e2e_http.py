@@ -15,8 +15,7 @@ import msgpack
 import pytest
 
 from protocol.routing import partition_for
-from tests.hostile_strings import PLACEHOLDER, encode_with, hostile_strings
-from tests.server.daemons import (
+from tests.harness import (
     MEDIA,
     TOPIC,
     Api,
@@ -30,6 +29,7 @@ from tests.server.daemons import (
     read_entry,
     write_entry,
 )
+from tests.hostile_strings import PLACEHOLDER, encode_with, hostile_strings
 
 
 def _entry(rpc: str, partition: int = 0) -> dict[str, Any]:

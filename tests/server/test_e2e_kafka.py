@@ -23,6 +23,18 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.kafka.listener import CLOSES_SHOWN
+from tests.harness import (
+    TOPIC,
+    Api,
+    batch,
+    body,
+    init_entry,
+    metric_value,
+    part,
+    read_entry,
+    wait_until,
+    write_entry,
+)
 from tests.hostile_strings import HOSTILE_STRINGS
 from tests.kafka_client import (
     STRING_POSITIONS,
@@ -33,18 +45,6 @@ from tests.kafka_client import (
     raw_request,
     schema,
     share_request,
-)
-from tests.server.daemons import (
-    TOPIC,
-    Api,
-    batch,
-    body,
-    init_entry,
-    metric_value,
-    part,
-    read_entry,
-    wait_for_log,
-    write_entry,
 )
 from tests.server.test_metrics import FAMILIES
 
@@ -476,7 +476,11 @@ async def test_bytes_that_are_not_utf8_in_any_string_close_the_connection(kafka,
         metric_value(text, "sharecoord_kafka_connections_closed_total", reason=reason)
         for reason in ("malformed", "unsupported", "unauthenticated", "authentication_failed")
     )
-    log = await wait_for_log(daemon, lambda text: closes_logged(text) == faults)
+    log = await wait_until(
+        lambda: asyncio.to_thread(daemon.stderr_text),
+        f"{faults} closed connections in the log",
+        until=lambda text: closes_logged(text) == faults,
+    )
     assert "Traceback" not in log
     shown = CLOSED.findall(log)
     assert any("not UTF-8" in detail for _, reason, _, detail in shown if reason == "malformed")
@@ -506,7 +510,11 @@ async def test_closes_for_bad_frames_are_logged_with_reason_and_peer_a_few_a_sec
     for client in clients:
         assert await client.closed_by_peer()
         await client.close()
-    log = await wait_for_log(daemon, lambda text: closes_logged(text) == len(clients))
+    log = await wait_until(
+        lambda: asyncio.to_thread(daemon.stderr_text),
+        f"{len(clients)} closed connections in the log",
+        until=lambda text: closes_logged(text) == len(clients),
+    )
     shown = CLOSED.findall(log)
     assert shown
     for _, reason, peer, detail in shown:

@@ -14,15 +14,15 @@ import signal
 import aiohttp
 import pytest
 
+from tests.harness import TOPIC, AcknowledgedGroup, Api, Daemon, body, next_write, run_cli
 from tests.kafka_client import KafkaClient, kafka_address
-from tests.server.daemons import TOPIC, Acknowledged, Api, Daemon, body, next_write, run_cli
 
 GROUP = "kafka-crash"
 KEYS = list(range(16))
 
 
 async def write_until_killed(
-    daemon: Daemon, rng: random.Random, model: Acknowledged, kill_after: int
+    daemon: Daemon, rng: random.Random, model: AcknowledgedGroup, kill_after: int
 ) -> None:
     host, port = kafka_address(daemon.stdout_lines)
     answered = 0
@@ -36,8 +36,9 @@ async def write_until_killed(
             while not killed:
                 chosen = rng.sample(sorted(free), min(len(free), rng.randint(1, 4)))
                 free.difference_update(chosen)
-                writes = {key: next_write(rng, key, model.acked[key]) for key in chosen}
-                model.unknown.update({key: expected for key, (_, expected) in writes.items()})
+                writes = {key: next_write(rng, key, model.exact(key)) for key in chosen}
+                for key, (_, expected) in writes.items():
+                    model.unanswered(key, expected)
                 entries = [entry for entry, _ in writes.values()]
                 try:
                     answer = await client.rpc("write", body(GROUP, (TOPIC, entries)))
@@ -46,8 +47,7 @@ async def write_until_killed(
                 codes = [p["error_code"] for p in answer["results"][0]["partitions"]]
                 assert codes == [0] * len(entries), answer
                 for key, (_, expected) in writes.items():
-                    model.acked[key] = expected
-                    del model.unknown[key]
+                    model.acknowledge(key, expected)
                 free.update(chosen)
                 answered += 1
                 if answered == kill_after and not killed:
@@ -61,7 +61,7 @@ async def write_until_killed(
 
 async def kill_and_restart(spawn, data_dir, rounds: int, seed: int) -> None:
     rng = random.Random(seed)
-    model = Acknowledged(GROUP, KEYS)
+    model = AcknowledgedGroup(GROUP, KEYS)
     flags = ("--kafka-listener", "127.0.0.1:0")
     async with aiohttp.ClientSession() as session:
         daemon = await spawn(data_dir, *flags)
@@ -75,7 +75,7 @@ async def kill_and_restart(spawn, data_dir, rounds: int, seed: int) -> None:
             assert await asyncio.to_thread(daemon.wait) == -signal.SIGKILL
             daemon = await spawn(data_dir, *flags)
             await model.check(Api(session, daemon.url))
-            assert not model.unknown, round_number
+            assert not model.uncertain(), round_number
         assert await asyncio.to_thread(daemon.terminate) == 0
     verify = await asyncio.to_thread(run_cli, "log", "verify", "--data-dir", str(data_dir))
     assert verify.returncode == 0, verify.stdout + verify.stderr
@@ -97,11 +97,11 @@ async def test_sigterm_drains_kafka_requests_in_flight_and_exits_0(spawn, tmp_pa
     daemon = await spawn(tmp_path / "data", "--kafka-listener", "127.0.0.1:0")
     host, port = kafka_address(daemon.stdout_lines)
     client = await KafkaClient.connect(host, port)
-    model = Acknowledged(GROUP, KEYS)
+    model = AcknowledgedGroup(GROUP, KEYS)
     await client.rpc("initialize", model.init_body())
     rng = random.Random(3)
     requests = [
-        share_request("write", body(GROUP, (TOPIC, [next_write(rng, k, model.acked[k])[0]])))
+        share_request("write", body(GROUP, (TOPIC, [next_write(rng, k, model.exact(k))[0]])))
         for k in KEYS
     ]
     frames = b"".join(client.frame(r)[0] for r in requests)

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 from datetime import datetime
 from itertools import pairwise
 
+from tests.harness import Api, Daemon, wait_until
 from tests.kafka_client import KafkaClient, kafka_address, message_class
-from tests.server.daemons import READY_TIMEOUT_S, Api, Daemon, wait_metric
 
 API_VERSIONS = message_class("api_versions", 0, "request")
 REFUSED = "sharecoord_kafka_connections_refused_total"
@@ -34,17 +33,19 @@ async def refused(host: str, port: int) -> bool:
 
 async def refusal_lines(daemon: Daemon, total: int) -> list[tuple[datetime, int]]:
     """The daemon's lines about refused connections, once they count ``total``."""
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while True:
-        text = await asyncio.to_thread(daemon.stderr_text)
-        lines = [
+
+    def lines(text: str) -> list[tuple[datetime, int]]:
+        return [
             (datetime.fromisoformat(stamp.replace("Z", "+00:00")), int(count))
             for stamp, count in _REFUSAL_LINE.findall(text)
         ]
-        if sum(count for _, count in lines) >= total:
-            return lines
-        assert time.monotonic() < deadline, text[-3000:]
-        await asyncio.sleep(0.05)
+
+    text = await wait_until(
+        lambda: asyncio.to_thread(daemon.stderr_text),
+        f"lines about {total} refused connections",
+        until=lambda text: sum(count for _, count in lines(text)) >= total,
+    )
+    return lines(text)
 
 
 async def test_the_connection_cap_refuses_one_more_counts_and_logs_it(spawn, tmp_path, session):
@@ -58,11 +59,11 @@ async def test_the_connection_cap_refuses_one_more_counts_and_logs_it(spawn, tmp
         for client in admitted:
             assert await served(client)
         assert await refused(host, port)
-        await wait_metric(api, REFUSED, lambda v: v == 1)
+        await wait_until(lambda: api.metric(REFUSED), f"{REFUSED} 1", until=lambda v: v == 1)
         # A flood of them: every one counted, the lines at least a second apart.
         for _ in range(30):
             assert await refused(host, port)
-        await wait_metric(api, REFUSED, lambda v: v == 31)
+        await wait_until(lambda: api.metric(REFUSED), f"{REFUSED} 31", until=lambda v: v == 31)
         lines = await refusal_lines(daemon, 31)
         assert sum(count for _, count in lines) == 31
         assert all((b - a).total_seconds() >= 0.95 for (a, _), (b, _) in pairwise(lines)), lines
@@ -71,7 +72,11 @@ async def test_the_connection_cap_refuses_one_more_counts_and_logs_it(spawn, tmp
             assert await served(client)
         # A place that frees up is taken by the next connection.
         await admitted.pop().close()
-        await wait_metric(api, "sharecoord_kafka_connections", lambda v: v == 2)
+        await wait_until(
+            lambda: api.metric("sharecoord_kafka_connections"),
+            "2 Kafka connections open",
+            until=lambda v: v == 2,
+        )
         admitted.append(await KafkaClient.connect(host, port))
         assert await served(admitted[-1])
     finally:

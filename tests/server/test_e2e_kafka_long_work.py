@@ -4,9 +4,7 @@ requests one after the other)."""
 
 from __future__ import annotations
 
-from tests.kafka_client import KafkaClient, as_http, share_request
-from tests.protocol.batch_shapes import staircase
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
     Api,
     batch,
@@ -16,6 +14,8 @@ from tests.server.daemons import (
     read_entry,
     write_entry,
 )
+from tests.kafka_client import KafkaClient, as_http, share_request
+from tests.protocol.batch_shapes import staircase
 from tests.server.test_e2e_kafka import kafka  # noqa: F401
 
 GROUP = "kafka-long"

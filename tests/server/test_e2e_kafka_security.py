@@ -19,8 +19,8 @@ import sys
 
 import pytest
 
+from tests.harness import REPO_ROOT, TOPIC, body, child_env, part
 from tests.kafka_client import KafkaClient, kafka_address, message_class
-from tests.server.daemons import REPO_ROOT, TOPIC, body, child_env, part
 
 TOKEN = "kafka-listener-token"
 HANDSHAKE = message_class("sasl_handshake", 1, "request")
@@ -34,20 +34,9 @@ async def summary(client: KafkaClient) -> dict:
     return await client.rpc("read-summary", body("sec", (TOPIC, [part(0)])))
 
 
-def write_token(path) -> None:
-    path.write_text(TOKEN + "\n")
-    path.chmod(0o600)
-
-
 @pytest.fixture
 async def plain(spawn, tmp_path):
-    token_file = tmp_path / "token"
-    await asyncio.to_thread(write_token, token_file)
-    daemon = await spawn(
-        tmp_path / "data",
-        "--kafka-listener", "127.0.0.1:0", "--auth-token-file", str(token_file),
-        token=TOKEN,
-    )  # fmt: skip
+    daemon = await spawn(tmp_path / "data", kafka_listener="127.0.0.1:0", token=TOKEN)
     return kafka_address(daemon.stdout_lines)
 
 

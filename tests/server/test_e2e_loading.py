@@ -15,8 +15,8 @@ from __future__ import annotations
 import asyncio
 import shutil
 import signal
-import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,16 @@ import pytest
 from persistence import StateLog
 from protocol.batches import StateBatch
 from protocol.records import ShareKey, ShareSnapshot, ShareUpdate, encode_key, encode_value
-from tests.server.daemons import TOPIC, Api, Daemon, body, partitions_in, read_entry, run_cli
+from tests.harness import (
+    TOPIC,
+    Api,
+    Daemon,
+    body,
+    partitions_in,
+    read_entry,
+    run_cli,
+    wait_until,
+)
 
 NUM_PARTITIONS = 4
 BIG = 2  # the state partition with the large log
@@ -35,7 +44,6 @@ KEYS = partitions_in(BIG, NUM_PARTITIONS, group_id=GROUP, count=50)
 ELSEWHERE = partitions_in(0, NUM_PARTITIONS, group_id=GROUP)[0]  # a key of partition 0
 FIRST_UPDATES = 100_000
 MAX_TRIES = 6
-DEADLINE_S = 120.0  # a safety net, not a timing assertion
 MSG_LOADING = "The coordinator is loading and hence can't process requests."
 
 
@@ -144,12 +152,12 @@ async def test_a_loading_partition_answers_14_and_readyz_503_until_loaded(spawn,
         async with session:
             # The empty partitions load at once (but on a busy machine, not before the
             # first request): wait for the one of ELSEWHERE.
-            deadline = time.monotonic() + DEADLINE_S
-            statuses = await partition_statuses(api)
-            while statuses[0] == "loading":
-                assert time.monotonic() < deadline, statuses
-                await asyncio.sleep(0.01)
-                statuses = await partition_statuses(api)
+            statuses = await wait_until(
+                partial(partition_statuses, api),
+                "state partition 0 to be loaded",
+                until=lambda statuses: statuses[0] != "loading",
+                max_pause=0.01,
+            )
             if statuses[BIG] != "loading":
                 assert await asyncio.to_thread(daemon.terminate) == 0
                 continue
@@ -232,12 +240,12 @@ async def replaying_big(spawn, big_logs) -> tuple[Daemon, BigLog]:
         daemon, log, api, session, updates = await start_while_loading(spawn, big_logs, updates)
         updates *= 2
         async with session:
-            deadline = time.monotonic() + DEADLINE_S
-            statuses = await partition_statuses(api)
-            while "loading" in statuses[:BIG]:
-                assert time.monotonic() < deadline, statuses
-                await asyncio.sleep(0.01)
-                statuses = await partition_statuses(api)
+            statuses = await wait_until(
+                partial(partition_statuses, api),
+                f"the state partitions before {BIG} to be loaded",
+                until=lambda statuses: "loading" not in statuses[:BIG],
+                max_pause=0.01,
+            )
         if statuses[BIG] == "loading":
             return daemon, log
         assert await asyncio.to_thread(daemon.terminate) == 0

@@ -15,7 +15,6 @@ import asyncio
 import logging
 import os
 import random
-import time
 
 from persistence import list_segments, partition_dir, write_staged
 from persistence.history import (
@@ -29,23 +28,24 @@ from persistence.history import (
 from persistence.segments import fingerprint_segment
 from protocol.records import ShareSnapshot
 from server.tools import iter_records
-from tests.persistence.log_helpers import fold_sealed
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
-    Acknowledged,
+    AcknowledgedGroup,
     body,
     next_write,
     part,
     partitions_in,
     read_entry,
     run_cli,
+    series,
+    wait_until,
 )
+from tests.persistence.log_helpers import fold_sealed
 
 NUM_PARTITIONS = 2
 P = 1  # the state partition whose log is compacted or pruned
 GROUP = "upkeep"
 KEYS = partitions_in(P, NUM_PARTITIONS, group_id=GROUP, count=6)
-DEADLINE_S = 120.0
 
 
 def stage_compaction(data_dir: str, partition: int) -> str:
@@ -62,17 +62,22 @@ async def every_state(api, keys) -> dict[int, dict | None]:
     return {k: await api.state(GROUP, TOPIC, k) for k in keys}
 
 
-async def some_writes(api, model: Acknowledged, rng: random.Random, rounds: int) -> None:
+async def some_writes(api, model: AcknowledgedGroup, rng: random.Random, rounds: int) -> None:
     for _ in range(rounds):
-        writes = {k: next_write(rng, k, model.acked[k]) for k in model.acked}
+        writes = {k: next_write(rng, k, model.exact(k)) for k in model.keys}
         entries = [entry for entry, _ in writes.values()]
         assert set(await api.codes("write", body(GROUP, (TOPIC, entries)))) == {0}
-        model.acked.update({k: expected for k, (_, expected) in writes.items()})
+        for k, (_, expected) in writes.items():
+            model.acknowledge(k, expected)
 
 
 async def partition_status(api, partition: int) -> dict:
     listing = await api.request("GET", "/v1/admin/partitions")
     return listing.body["partitions"][partition]
+
+
+async def log_start(api, partition: int) -> int:
+    return (await partition_status(api, partition))["log_start_offset"]
 
 
 async def test_staged_compaction_is_committed_by_the_admin_endpoint(serve, fmt):
@@ -86,8 +91,8 @@ async def test_staged_compaction_is_committed_by_the_admin_endpoint(serve, fmt):
     api = served.api(fmt)
     rng = random.Random(11)
     live = KEYS[:-1]
-    model = Acknowledged(GROUP, live)
-    assert set(await api.codes("initialize", Acknowledged(GROUP, KEYS).init_body())) == {0}
+    model = AcknowledgedGroup(GROUP, live)
+    assert set(await api.codes("initialize", AcknowledgedGroup(GROUP, KEYS).init_body())) == {0}
     await some_writes(api, model, rng, 15)
     # A leader epoch recorded by a read, and a key deleted: both must survive the fold.
     assert await api.codes("read", body(GROUP, (TOPIC, [read_entry(live[0], 7)]))) == [0]
@@ -132,20 +137,17 @@ async def test_pruning_moves_the_log_start_and_keeps_the_state(serve):
     served = await serve(**flags)
     api = served.api("msgpack")
     rng = random.Random(12)
-    model = Acknowledged(GROUP, KEYS)
+    model = AcknowledgedGroup(GROUP, KEYS)
     assert set(await api.codes("initialize", model.init_body())) == {0}
     await some_writes(api, model, rng, 20)
-    deadline = time.monotonic() + DEADLINE_S
-    while (await partition_status(api, P))["log_start_offset"] == 0:
-        assert time.monotonic() < deadline, "the prune job never pruned"
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: log_start(api, P), "the prune job to prune")
     await model.check(api)
     # The log start moves inside the prune (in its thread); the metric is set when the
     # job resumes on the loop a moment later.
-    metric = f'sharecoord_last_pruned_offset{{partition="{P}"}}'
-    while metric not in await api.metrics():
-        assert time.monotonic() < deadline, f"{metric} never appeared"
-        await asyncio.sleep(0.05)
+    pruned = ("sharecoord_last_pruned_offset", frozenset({("partition", str(P))}))
+    await wait_until(
+        api.metrics, f"{pruned} on /metrics", until=lambda text: pruned in series(text)
+    )
     before = await every_state(api, KEYS)
     await served.server.close()
     again = await serve(data_dir=served.config.data_dir, **flags)
@@ -169,7 +171,7 @@ async def test_snapshot_cadence_follows_the_setting(serve):
     served = await serve(partitions=1, snapshot_update_records_per_snapshot=2)
     api = served.api()
     rng = random.Random(13)
-    model = Acknowledged(GROUP, [0])
+    model = AcknowledgedGroup(GROUP, [0])
     assert await api.codes("initialize", model.init_body()) == [0]
     await some_writes(api, model, rng, 7)
     kinds = await asyncio.to_thread(record_kinds, served.config.data_dir, 0)
@@ -195,7 +197,7 @@ async def test_cold_partition_snapshots_rewrite_a_key_written_by_updates(serve):
     served = await serve(partitions=1, cold_partition_snapshot_interval_ms=100)
     api = served.api()
     rng = random.Random(14)
-    model = Acknowledged(GROUP, [0])
+    model = AcknowledgedGroup(GROUP, [0])
     assert await api.codes("initialize", model.init_body()) == [0]
     await some_writes(api, model, rng, 2)
     before = await api.state(GROUP, TOPIC, 0)
@@ -203,10 +205,11 @@ async def test_cold_partition_snapshots_rewrite_a_key_written_by_updates(serve):
     # (On a slow machine a cold snapshot may already come between the initialize and
     # the writes: the one that counts is the one after them.)
     epoch = before["snapshot_epoch"]
-    deadline = time.monotonic() + DEADLINE_S
-    while (state := await api.state(GROUP, TOPIC, 0))["snapshot_epoch"] == epoch:  # type: ignore[index]
-        assert time.monotonic() < deadline, "no cold snapshot"
-        await asyncio.sleep(0.05)
+    state = await wait_until(
+        lambda: api.state(GROUP, TOPIC, 0),
+        "a cold snapshot",
+        until=lambda state: state["snapshot_epoch"] != epoch,  # type: ignore[index]
+    )
     assert state == {**before, "snapshot_epoch": epoch + 1}
     kinds = await asyncio.to_thread(record_kinds, served.config.data_dir, 0)
     last_update = max(i for i, (kind, _, _) in enumerate(kinds) if kind == "ShareUpdate")
@@ -232,13 +235,14 @@ async def test_with_a_history_pruning_waits_for_the_export_of_each_segment(serve
     await asyncio.to_thread(write_declaration, data_dir, HistoryConfig(root, -1))
     api = served.api("msgpack")
     rng = random.Random(14)
-    model = Acknowledged(GROUP, KEYS)
+    model = AcknowledgedGroup(GROUP, KEYS)
     assert set(await api.codes("initialize", model.init_body())) == {0}
     await some_writes(api, model, rng, 20)
     directory = partition_dir(data_dir, P)
     sealed = (await asyncio.to_thread(list_segments, directory))[:-1]
     assert len(sealed) >= 2
     # Many prune rounds (every 50 ms) with the mark past the sealed segments: none goes.
+    # Not a wait for a condition: the time those rounds take, to show that none prunes.
     await asyncio.sleep(1.0)
     assert (await partition_status(api, P))["log_start_offset"] == 0
     assert (await asyncio.to_thread(list_segments, directory))[: len(sealed)] == sealed
@@ -257,8 +261,5 @@ async def test_with_a_history_pruning_waits_for_the_export_of_each_segment(serve
             write_marker(root, SegmentExport(P, name, None, None, records=0))
 
     await asyncio.to_thread(export_markers)
-    deadline = time.monotonic() + DEADLINE_S
-    while (await partition_status(api, P))["log_start_offset"] == 0:
-        assert time.monotonic() < deadline, "the exported segments were never pruned"
-        await asyncio.sleep(0.05)
+    await wait_until(lambda: log_start(api, P), "the exported segments to be pruned")
     await model.check(api)

@@ -1,8 +1,9 @@
 """What a real daemon prints: in JSON mode nothing but JSON lines, the access log's
 lines with their fields, and a shutdown line saying how many requests it drained.
 
-The daemon runs as a child process with stdout and stderr in files, so every line it
-ever printed is read back, not only the "listening" one.
+The daemon runs as a child process (tests/harness); every line it ever printed is read
+back (its stdout as the harness read it, its stderr from the file), not only the
+"listening" one.
 """
 
 from __future__ import annotations
@@ -12,31 +13,24 @@ import asyncio
 import json
 import re
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
-import pytest
 
 from server.config import load_serve_config
 from server.http.access_log import access_log_middleware
 from server.http.app import create_app
 from server.node import Node
-from tests.server.daemons import (
-    REPO_ROOT,
-    START_TIMEOUT_S,
-    STOP_TIMEOUT_S,
+from tests.harness import (
     TOPIC,
     Api,
+    Daemon,
+    Spawn,
     body,
-    child_env,
     init_entry,
     read_entry,
+    wait_until,
 )
 
 GROUP = "logs"
@@ -45,54 +39,9 @@ TEXT_LISTENING = re.compile(r"^sharecoord listening on http://127\.0\.0\.1:(\d+)
 LINGER_MS = 1500
 
 
-@dataclass
-class Child:
-    process: subprocess.Popen[bytes]
-    stdout: Path
-    stderr: Path
-    first_line: str
-
-    def lines(self) -> tuple[list[str], list[str]]:
-        return self.stdout.read_text().splitlines(), self.stderr.read_text().splitlines()
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    started: list[Child] = []
-    yield started
-    for child in started:
-        if child.process.poll() is None:
-            child.process.kill()
-            child.process.wait()
-
-
-def start(tmp_path: Path, *flags: str) -> Child:
-    """``sharecoord serve`` with its output in files; returns once stdout has a line."""
-    out, err = tmp_path / "stdout", tmp_path / "stderr"
-    command = [sys.executable, "-m", "server.commands.cli", "serve"]
-    command += ["--data-dir", str(tmp_path / "data"), "--listen", "127.0.0.1:0"]
-    command += ["--partitions", "4", *flags]
-    with open(out, "wb") as stdout, open(err, "wb") as stderr:
-        process = subprocess.Popen(
-            command,
-            stdout=stdout,
-            stderr=stderr,
-            stdin=subprocess.DEVNULL,
-            env=child_env(),
-            cwd=REPO_ROOT,
-        )
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while "\n" not in (text := out.read_text()):
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            raise AssertionError(f"no listening line; stderr: {err.read_text()}")
-        time.sleep(0.02)
-    return Child(process, out, err, text.splitlines()[0])
-
-
-def stop(child: Child) -> int:
-    child.process.send_signal(signal.SIGTERM)
-    return child.process.wait(STOP_TIMEOUT_S)
+def output(daemon: Daemon) -> tuple[list[str], list[str]]:
+    """Every line the daemon printed: (stdout, stderr)."""
+    return list(daemon.stdout_lines), daemon.stderr_text().splitlines()
 
 
 async def appended(api: Api) -> int:
@@ -101,12 +50,12 @@ async def appended(api: Api) -> int:
 
 
 async def test_json_mode_prints_only_json_with_access_lines_and_the_drain(
-    tmp_path: Path, children: list[Child]
+    spawn: Spawn, tmp_path: Path
 ) -> None:
     flags = ("--log-format", "json", "--access-log", "--append-linger-ms", str(LINGER_MS))
-    child = await asyncio.to_thread(start, tmp_path, *flags)
-    children.append(child)
-    listening = json.loads(child.first_line)
+    daemon = await spawn(tmp_path / "data", *flags, partitions=4, ready=False)
+    first_line = daemon.stdout_lines[0]
+    listening = json.loads(first_line)
     assert listening["msg"] == "listening"
     url = listening["url"]
     assert url == f"http://127.0.0.1:{listening['port']}"
@@ -123,15 +72,25 @@ async def test_json_mode_prints_only_json_with_access_lines_and_the_drain(
         write = asyncio.ensure_future(
             api.results("initialize", body(GROUP, (TOPIC, [init_entry(0), init_entry(1)])))
         )
-        while await appended(api) < 2:
-            assert not write.done(), write
-            await asyncio.sleep(0.01)
-        child.process.send_signal(signal.SIGTERM)
-        assert [r["error_code"] for r in await write] == [0, 0]  # drained, not cut off
-    assert await asyncio.to_thread(child.process.wait, STOP_TIMEOUT_S) == 0
 
-    stdout, stderr = await asyncio.to_thread(child.lines)
-    assert stdout == [child.first_line]  # nothing else on stdout
+        async def records_appended() -> int:
+            count = await appended(api)
+            if count < 2:
+                assert not write.done(), write
+            return count
+
+        await wait_until(
+            records_appended,
+            "the write's two records to be appended",
+            until=lambda count: count >= 2,
+            max_pause=0.01,
+        )
+        daemon.signal(signal.SIGTERM)
+        assert [r["error_code"] for r in await write] == [0, 0]  # drained, not cut off
+    assert await asyncio.to_thread(daemon.wait) == 0
+
+    stdout, stderr = await asyncio.to_thread(output, daemon)
+    assert stdout == [first_line]  # nothing else on stdout
     records = [json.loads(line) for line in stdout + stderr]  # every line is JSON
     for record in records:
         assert {"ts", "level", "logger", "msg"} <= set(record), record
@@ -161,19 +120,19 @@ async def test_json_mode_prints_only_json_with_access_lines_and_the_drain(
 
 
 async def test_text_mode_keeps_the_listening_line_and_logs_access_in_text(
-    tmp_path: Path, children: list[Child]
+    spawn: Spawn, tmp_path: Path
 ) -> None:
-    child = await asyncio.to_thread(start, tmp_path, "--access-log")
-    children.append(child)
-    match = TEXT_LISTENING.match(child.first_line)
-    assert match is not None, child.first_line
+    daemon = await spawn(tmp_path / "data", "--access-log", partitions=4, ready=False)
+    first_line = daemon.stdout_lines[0]
+    match = TEXT_LISTENING.match(first_line)
+    assert match is not None, first_line
     async with aiohttp.ClientSession() as session:
         api = Api(session, f"http://127.0.0.1:{match[1]}")
         await api.wait_ready()
         await api.results("read", body(GROUP, (TOPIC, [read_entry(7)])))
-    assert await asyncio.to_thread(stop, child) == 0
-    stdout, stderr = await asyncio.to_thread(child.lines)
-    assert stdout == [child.first_line]
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    stdout, stderr = await asyncio.to_thread(output, daemon)
+    assert stdout == [first_line]
     (line,) = [s for s in stderr if "path=/v1/share-group-state/read " in s]
     assert " INFO sharecoord.access request method=POST " in line
     assert "path=/v1/share-group-state/read status=200 entries=1 duration_ms=" in line
@@ -182,20 +141,19 @@ async def test_text_mode_keeps_the_listening_line_and_logs_access_in_text(
 
 
 async def test_without_the_flag_access_lines_come_at_debug_only(
-    tmp_path: Path, children: list[Child]
+    spawn: Spawn, tmp_path: Path
 ) -> None:
     for level, expected in (("info", 0), ("debug", 1)):
-        directory = tmp_path / level
-        await asyncio.to_thread(directory.mkdir)
-        child = await asyncio.to_thread(start, directory, "--log-level", level)
-        children.append(child)
-        port = TEXT_LISTENING.match(child.first_line)[1]  # type: ignore[index]
+        daemon = await spawn(
+            tmp_path / f"data-{level}", "--log-level", level, partitions=4, ready=False
+        )
+        port = TEXT_LISTENING.match(daemon.stdout_lines[0])[1]  # type: ignore[index]
         async with aiohttp.ClientSession() as session:
             api = Api(session, f"http://127.0.0.1:{port}")
             await api.wait_ready()
             assert (await api.request("GET", "/healthz")).status == 200
-        assert await asyncio.to_thread(stop, child) == 0
-        _, stderr = await asyncio.to_thread(child.lines)
+        assert await asyncio.to_thread(daemon.terminate) == 0
+        _, stderr = await asyncio.to_thread(output, daemon)
         lines = [s for s in stderr if "sharecoord.access" in s and "path=/healthz" in s]
         assert len(lines) == expected, stderr
         if expected:

@@ -17,20 +17,20 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.planted_history import history_of, plant_history
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
     Api,
     Daemon,
     batch,
     body,
-    free_port,
+    free_ports,
     init_entry,
     partitions_in,
     read_entry,
     run_cli,
     write_entry,
 )
+from tests.planted_history import history_of, plant_history
 from tests.tree_listing import tree_listing
 
 N = 8
@@ -119,10 +119,7 @@ async def cli(*args: str) -> Any:
 
 @pytest.fixture
 def ports() -> dict[int, int]:
-    while True:
-        chosen = {0: free_port(), 1: free_port()}
-        if chosen[0] != chosen[1]:
-            return chosen
+    return dict(enumerate(free_ports(2)))
 
 
 async def test_a_moved_partition_is_refused_until_its_state_is_imported(spawn, tmp_path, ports):

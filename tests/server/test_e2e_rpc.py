@@ -11,7 +11,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from tests.server.daemons import (
+from tests.harness import (
     OTHER_TOPIC,
     TOPIC,
     TOPIC_RFC4122,

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from server.security import client_ssl_context
-from tests.server.daemons import (
+from tests.harness import (
     MEDIA,
     TOPIC,
     Api,
@@ -118,7 +118,7 @@ async def test_tls_serves_a_client_that_trusts_the_ca(spawn, tmp_path, pki, clie
     daemon = await spawn(
         tmp_path / "data",
         *pki.tls_flags(),
-        ssl_context=clients.trusting,
+        probe_ssl=clients.trusting,
     )
     assert daemon.scheme == "https"
     api = Api(session, daemon.url, "msgpack", ssl_context=clients.trusting)
@@ -137,7 +137,7 @@ async def test_mutual_tls_refuses_a_client_without_a_certificate(
     daemon = await spawn(
         tmp_path / "data",
         *pki.mtls_flags(),
-        ssl_context=clients.with_cert,
+        probe_ssl=clients.with_cert,
     )
     with pytest.raises(aiohttp.ClientConnectionError):
         await _served(Api(session, daemon.url, ssl_context=clients.trusting))
@@ -162,7 +162,7 @@ async def test_mutual_tls_and_token_together(spawn, tmp_path, pki, clients, sess
         *pki.mtls_flags(),
         "--auth-token-file",
         str(token_file),
-        ssl_context=clients.with_cert,
+        probe_ssl=clients.with_cert,
     )
     api = Api(session, daemon.url, ssl_context=clients.with_cert)
     reply = await api.rpc_reply("read-summary", body("g", (TOPIC, [read_entry(0)])))

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ import pytest
 
 from protocol import errors
 from server.catalog import CATALOG_FILE
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
     Api,
     batch,
@@ -38,6 +37,7 @@ from tests.server.daemons import (
     init_entry,
     partitions_in,
     read_entry,
+    wait_until,
     write_entry,
 )
 from tests.server.test_e2e_faults import arm, clear
@@ -50,7 +50,6 @@ EVERY_KEY = sorted(k for keys in KEYS.values() for k in keys)
 TOPIC_PARTITIONS = max(EVERY_KEY) + 1
 # No checkpoint while a test runs: the only journal writes are the test's own.
 FLAGS = ("--topic-catalog", "--journal-checkpoint-interval-ms", "600000")
-DEADLINE_S = 120.0  # a safety net, not a timing assertion
 
 
 def read_catalog(data_dir: Path) -> dict[str, Any]:
@@ -191,35 +190,40 @@ async def test_a_delete_with_a_failed_partition_is_finished_once_it_is_back(
         assert (reply.status, reply.body["error_code"]) == (503, errors.COORDINATOR_NOT_AVAILABLE)
 
         await clear(control)
-        deadline = time.monotonic() + DEADLINE_S
         if finished == "on its own":
-            while (await api.admin_state(GROUP, TOPIC, KEYS[FAULTY][0])).status != 404:
-                assert time.monotonic() < deadline, "the deletion was not finished"
-                await asyncio.sleep(0.05)
+            await wait_until(
+                lambda: api.admin_state(GROUP, TOPIC, KEYS[FAULTY][0]),
+                "the deletion to be finished",
+                until=lambda reply: reply.status == 404,
+            )
             await expect_deleted(api)
         elif finished == "by registering again":
             # Refused (503) until the partition is back; then it deletes, and registers.
-            while (await api.register_topic(TOPIC, TOPIC_PARTITIONS)).status != 200:
-                assert time.monotonic() < deadline, "the topic could not be registered again"
-                await asyncio.sleep(0.05)
+            await wait_until(
+                lambda: api.register_topic(TOPIC, TOPIC_PARTITIONS),
+                "the topic to be registered again",
+                until=lambda reply: reply.status == 200,
+            )
             await expect_fresh(api)
         else:
             # 503 until the partition is back; 404 if the daemon finished it first.
-            while (await api.delete_topic(TOPIC)).status not in (200, 404):
-                assert time.monotonic() < deadline, "the deletion was not finished"
-                await asyncio.sleep(0.05)
+            await wait_until(
+                lambda: api.delete_topic(TOPIC),
+                "the deletion to be finished",
+                until=lambda reply: reply.status in (200, 404),
+            )
             await expect_deleted(api)
 
 
 async def wait_until_failed(api: Api) -> None:
     """Write the faulty partition's keys until its checkpoint's fsync stops it."""
-    deadline = time.monotonic() + DEADLINE_S
     entries = [
         write_entry(k, batch(10, 12, 0, 1), state_epoch=1, leader_epoch=2) for k in KEYS[FAULTY]
     ]
-    while set(await api.codes("write", body(GROUP, (TOPIC, entries)))) != {
-        errors.COORDINATOR_NOT_AVAILABLE
-    }:
-        assert time.monotonic() < deadline, "the fault never showed"
+    await wait_until(
+        lambda: api.codes("write", body(GROUP, (TOPIC, entries))),
+        "the faulty partition's writes to fail",
+        until=lambda codes: set(codes) == {errors.COORDINATOR_NOT_AVAILABLE},
+    )
     ready = await api.readyz()
     assert (ready.status, ready.body["failed_partitions"]) == (200, [FAULTY])

@@ -19,9 +19,9 @@ import server.service
 from protocol.batches import StateBatch
 from server.offload import Offload
 from server.runtime import OFFLOAD_BATCHES
+from tests.harness import TOPIC, batch, body, init_entry, part, partitions_in, write_entry
 from tests.protocol.batch_shapes import staircase
 from tests.protocol.kafka_reference_combiner import reference_combine
-from tests.server.daemons import TOPIC, batch, body, init_entry, part, partitions_in, write_entry
 
 T = TypeVar("T")
 GROUP = "long-work"
@@ -62,7 +62,7 @@ def held_runtimes(served: Any) -> HeldOffload:
 async def settled() -> None:
     """Let every task that can run, run (the loop has nothing ready after a few turns)."""
     for _ in range(20):
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a turn of the loop, not a wait: no time passes
 
 
 async def test_a_long_write_leaves_the_loop_and_its_partition_waits_in_order(serve):

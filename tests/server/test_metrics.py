@@ -18,6 +18,7 @@ from server.metrics import (
     LoopHistogram,
     ShareCoordinatorMetrics,
 )
+from tests.harness import samples
 
 # Every family the daemon exports: its type and its label names (docs/operations.md).
 FAMILIES = {
@@ -84,15 +85,6 @@ def busy_metrics() -> ShareCoordinatorMetrics:
     metrics.kafka_closed.labels("idle").inc()
     metrics.kafka_refused.inc()
     return metrics
-
-
-def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every sample of a page, parsed by prometheus_client's own parser."""
-    return {
-        (s.name, frozenset(s.labels.items())): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def test_every_family_keeps_its_name_type_and_label_names():

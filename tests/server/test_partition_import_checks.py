@@ -26,7 +26,7 @@ from persistence import StateLog
 from persistence.ownership import Assignment
 from protocol.records import ShareKey, ShareTombstone, encode_record
 from server import export_manifest
-from tests.server.daemons import run_cli
+from tests.harness import run_cli
 from tests.server.exports import (
     FINGERPRINT,
     MOVED,

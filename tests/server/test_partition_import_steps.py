@@ -21,7 +21,7 @@ import pytest
 
 from persistence import FileOps
 from server.partition_import import import_partition
-from tests.server.daemons import REPO_ROOT, child_env
+from tests.harness import REPO_ROOT, child_env
 from tests.server.exports import (
     MOVED,
     NODE,

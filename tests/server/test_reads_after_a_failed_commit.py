@@ -11,16 +11,22 @@ once, not wait for a commit that cannot happen (CI once saw the admin read answe
 
 from __future__ import annotations
 
-import asyncio
 import errno
-import time
 
 from persistence import FileOps
 from server.runtime import READS_SERVED
-from tests.server.daemons import TOPIC, batch, body, init_entry, read_entry, write_entry
+from tests.harness import (
+    TOPIC,
+    Reply,
+    batch,
+    body,
+    init_entry,
+    read_entry,
+    wait_until,
+    write_entry,
+)
 
 GROUP = "failed-commit"
-DEADLINE_S = 60.0  # a safety net, not a timing assertion
 
 
 class FillableFileOps(FileOps):
@@ -56,14 +62,13 @@ async def test_a_key_whose_write_failed_reads_its_durable_state(serve) -> None:
     fs.full = True
     failed = batch(10, 19, 2, 1)
     assert await api.codes("write", body(GROUP, (TOPIC, [write_entry(0, failed)]))) == [15]
-    deadline = time.monotonic() + DEADLINE_S
-    while True:
-        ready = await api.readyz()
+
+    def serving_reads(ready: Reply) -> bool:
         failures = ready.body.get("failures", [])
-        if failures and all(READS_SERVED in f["error"] for f in failures):
-            break
-        assert time.monotonic() < deadline, ready.body
-        await asyncio.sleep(0.02)
+        return bool(failures) and all(READS_SERVED in f["error"] for f in failures)
+
+    ready = await wait_until(api.readyz, "the failed partition to serve reads", until=serving_reads)
+    failures = ready.body["failures"]
     # The reload did need room: the partition serves reads from what is on disk.
     assert "reload attempt" in failures[0]["error"], failures
 

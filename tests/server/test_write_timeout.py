@@ -11,7 +11,7 @@ import time
 
 from persistence import FileOps
 from server.service import _Deadlines
-from tests.server.daemons import (
+from tests.harness import (
     TOPIC,
     batch,
     body,
@@ -19,6 +19,7 @@ from tests.server.daemons import (
     part,
     partitions_in,
     read_entry,
+    wait_until,
     write_entry,
 )
 
@@ -75,9 +76,11 @@ async def test_a_commit_past_the_write_timeout_answers_15_then_writes_succeed(se
     finally:
         fs.resume()
     # The disk answers again: the next write is made durable and acknowledged.
-    deadline = time.monotonic() + 10
-    while await api.codes("write", write) != [0]:
-        assert time.monotonic() < deadline, "writes never succeeded after the stall"
+    await wait_until(
+        lambda: api.codes("write", write),
+        "a write to succeed after the stall",
+        until=lambda codes: codes == [0],
+    )
     state = await api.state(GROUP, TOPIC, 0)
     assert state is not None
     assert [(b["first_offset"], b["last_offset"]) for b in state["state_batches"]] == [(0, 9)]

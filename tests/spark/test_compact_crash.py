@@ -10,9 +10,9 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import IO
 
@@ -30,8 +30,8 @@ from persistence import (
 from persistence.fileops import FaultRule
 from protocol.records import ShareKey
 from spark_jobs.compact import COMMITTED_SELF, compact_partition
+from tests.harness import REPO_ROOT, SHARECOORD, child_env, wait_until_blocking
 from tests.shard.ops import InitializeOp, Op, WriteOp
-from tests.spark.conftest import REPO_ROOT
 from tests.spark.histories import log_bytes, run_rpcs, states_on_disk, write_log
 
 NUM_PARTITIONS = 3
@@ -51,11 +51,10 @@ def many_keys_history(keys: int, writes_per_key: int = 2) -> list[object]:
 
 
 def sharecoord(*args: str, output: IO[bytes] | int = subprocess.PIPE) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     return subprocess.Popen(
-        [sys.executable, "-m", "server.commands.cli", *args],
+        [*SHARECOORD, *args],
         cwd=REPO_ROOT,
-        env=env,
+        env=child_env(),
         stdout=output,
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group: spark-submit, the JVM, ...
@@ -123,16 +122,22 @@ def test_a_job_killed_while_it_writes_its_staging_output_changes_nothing(
 def _drain_until_every_writer_is_gone(reader: int) -> None:
     """Read the pipe until EOF: the killed job's Python workers (in their own process
     group, under pyspark's daemon) exit once the JVM is gone."""
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([reader], [], [], 1)
-        if ready:
-            try:
-                if os.read(reader, PIPE_CAPACITY) == b"":
-                    return
-            except BlockingIOError:
-                continue
-    pytest.fail("a writer of the killed job still holds the staging pipe open")
+    wait_until_blocking(
+        partial(_drained_to_the_end, reader),
+        "every writer of the killed job to close the staging pipe",
+    )
+
+
+def _drained_to_the_end(reader: int) -> bool:
+    """Reads what the pipe holds (waiting up to a second for it); whether that was the
+    end of the file, every writer gone."""
+    ready, _, _ = select.select([reader], [], [], 1)
+    if not ready:
+        return False
+    try:
+        return os.read(reader, PIPE_CAPACITY) == b""
+    except BlockingIOError:
+        return False
 
 
 # -- the commit failing at every step --------------------------------------------------

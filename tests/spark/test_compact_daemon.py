@@ -7,15 +7,9 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import re
-import signal
-import subprocess
-import sys
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,52 +20,40 @@ from protocol.codec import Format, encode_admin_state
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig, ShareCoordinatorShard
 from spark_jobs.compact import STAGED_FOR_DAEMON
+from tests.harness import Acknowledged, Daemon, Daemons, run_cli, wait_until_blocking
 from tests.shard.ops import InitializeOp, WriteOp, handle
-from tests.spark.conftest import REPO_ROOT
 from tests.spark.histories import state_partition_of
 
 TOPIC = "AAAAAAAAAAAAAAAAAAAAAQ"
 KEYS = [ShareKey(f"group-{i % 3}", TOPIC, i) for i in range(8)]
 PARTITIONS = 4
 RECORDS_PER_SNAPSHOT = 20
-STARTUP_TIMEOUT_S = 60
 JOB_TIMEOUT_S = 300
 ACKED = 2  # Acknowledged
+FLAGS = (
+    "--segment-bytes",
+    "1024",
+    "--snapshot-update-records-per-snapshot",
+    str(RECORDS_PER_SNAPSHOT),
+    # Only the test's POST commits, so the test knows who did.
+    "--compaction-commit-interval-ms",
+    "3600000",
+)
 
 
-def run(*args: str, timeout: float = JOB_TIMEOUT_S) -> tuple[int, str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    done = subprocess.run(
-        [sys.executable, "-m", "server.commands.cli", *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        timeout=timeout,
-        check=False,
-    )
-    return done.returncode, done.stdout.decode() + done.stderr.decode()
+def run(*args: str) -> tuple[int, str]:
+    done = run_cli(*args, timeout=JOB_TIMEOUT_S)
+    return done.returncode, done.stdout + done.stderr
 
 
-@dataclass
-class Daemon:
-    process: subprocess.Popen[bytes]
-    host: str
-    port: int
-
-    def request(
-        self, method: str, path: str, body: object | None = None
-    ) -> tuple[int, dict[str, Any]]:
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=30)
-        try:
-            return send(connection, method, path, body)
-        finally:
-            connection.close()
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        assert self.process.wait(timeout=60) == 0
-        assert self.process.stdout is not None
-        self.process.stdout.close()
+def request(
+    daemon: Daemon, method: str, path: str, body: object | None = None
+) -> tuple[int, dict[str, Any]]:
+    connection = http.client.HTTPConnection(daemon.host, daemon.port, timeout=30)
+    try:
+        return send(connection, method, path, body)
+    finally:
+        connection.close()
 
 
 def send(
@@ -84,55 +66,8 @@ def send(
     return response.status, json.loads(response.read() or b"{}")
 
 
-def start_daemon(data_dir: str) -> Daemon:
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "server.commands.cli",
-            "serve",
-            "--data-dir",
-            data_dir,
-            "--listen",
-            "127.0.0.1:0",
-            "--partitions",
-            str(PARTITIONS),
-            "--segment-bytes",
-            "1024",
-            "--snapshot-update-records-per-snapshot",
-            str(RECORDS_PER_SNAPSHOT),
-            # Only the test's POST commits, so the test knows who did.
-            "--compaction-commit-interval-ms",
-            "3600000",
-        ],
-        cwd=REPO_ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    assert process.stdout is not None
-    line = process.stdout.readline().decode()
-    match = re.match(r"sharecoord listening on http://([\d.]+):(\d+)", line)
-    assert match, f"unexpected first line from the daemon: {line!r}"
-    daemon = Daemon(process, match.group(1), int(match.group(2)))
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while daemon.request("GET", "/readyz")[0] != 200:
-        assert time.monotonic() < deadline, "the daemon never became ready"
-        time.sleep(0.1)
-    return daemon
-
-
-@pytest.fixture
-def daemons() -> Iterator[list[Daemon]]:
-    started: list[Daemon] = []
-    yield started
-    for daemon in started:
-        if daemon.process.poll() is None:
-            daemon.process.kill()
-            daemon.process.wait()
-        if daemon.process.stdout is not None:
-            daemon.process.stdout.close()
+def start_daemon(daemons: Daemons, data_dir: str) -> Daemon:
+    return daemons.make(data_dir, *FLAGS, partitions=PARTITIONS).start()
 
 
 def partition_body(key: ShareKey, **fields: object) -> dict[str, object]:
@@ -146,14 +81,18 @@ def partition_body(key: ShareKey, **fields: object) -> dict[str, object]:
 
 @dataclass
 class Writer:
-    """Writes continuously, one acknowledgement batch per write; keeps the model: the
-    acknowledged writes applied, in order, to a shard of its own."""
+    """Writes continuously, one acknowledgement batch per write. The acknowledged writes
+    are applied, in order, to a shard of its own, which says what admin state each key
+    must then show: the model of acknowledged state learns that."""
 
     daemon: Daemon
     model: ShareCoordinatorShard = field(
         default_factory=lambda: ShareCoordinatorShard(
             ShardConfig(records_per_snapshot=RECORDS_PER_SNAPSHOT)
         )
+    )
+    acknowledged: Acknowledged[ShareKey, dict[str, Any]] = field(
+        default_factory=lambda: Acknowledged({})
     )
     keys: list[ShareKey] = field(default_factory=lambda: list(KEYS))  # written round robin
     acked: int = 0
@@ -162,11 +101,15 @@ class Writer:
     stop: threading.Event = field(default_factory=threading.Event)
     _offset: int = 0
 
-    def apply(self, op: object) -> None:
+    def apply(self, key: ShareKey, op: object) -> None:
+        """An acknowledged ``op`` of ``key``."""
         records, _ = handle(self.model, op)  # type: ignore[arg-type]
         for record in records:
             self.model.replay(self._offset, record)
             self._offset += 1
+        state = self.model.admin_state(key)
+        assert state is not None
+        self.acknowledged.acknowledge(key, json.loads(encode_admin_state(state, Format.JSON)))
 
     def run(self) -> None:
         connection = http.client.HTTPConnection(self.daemon.host, self.daemon.port, timeout=30)
@@ -188,7 +131,7 @@ class Writer:
                 status, answer = send(connection, "POST", "/v1/share-group-state/write", body)
                 code = answer["results"][0]["partitions"][0]["error_code"]
                 assert (status, code) == (200, 0), answer
-                self.apply(WriteOp(key, 1, 0, -1, [StateBatch(offset, offset, ACKED, 1)]))
+                self.apply(key, WriteOp(key, 1, 0, -1, [StateBatch(offset, offset, ACKED, 1)]))
                 self.acked_offsets.setdefault(key, []).append(offset)
                 self.acked += 1
                 n += 1
@@ -202,17 +145,15 @@ def admin_state(daemon: Daemon, key: ShareKey) -> dict[str, object]:
     query = urllib.parse.urlencode(
         {"group_id": key.group_id, "topic_id": key.topic_id, "partition": key.partition}
     )
-    status, body = daemon.request("GET", f"/v1/admin/state?{query}")
+    status, body = request(daemon, "GET", f"/v1/admin/state?{query}")
     assert status == 200, body
     return body
 
 
 def check_every_acknowledged_write(daemon: Daemon, writer: Writer) -> None:
-    for key in KEYS:
-        state = admin_state(daemon, key)
-        model = writer.model.admin_state(key)
-        assert model is not None
-        assert state == json.loads(encode_admin_state(model, Format.JSON))
+    shown = {key: admin_state(daemon, key) for key in KEYS}
+    writer.acknowledged.verify(shown)
+    for key, state in shown.items():
         covered: set[int] = set()
         for batch in state["state_batches"]:  # type: ignore[attr-defined]
             if batch["delivery_state"] == ACKED:
@@ -221,35 +162,36 @@ def check_every_acknowledged_write(daemon: Daemon, writer: Writer) -> None:
 
 
 def segment_counts(daemon: Daemon) -> list[int]:
-    status, body = daemon.request("GET", "/v1/admin/partitions")
+    status, body = request(daemon, "GET", "/v1/admin/partitions")
     assert status == 200
     return [p["segments"] for p in body["partitions"]]
 
 
 @pytest.mark.spark  # spark-submit, in a subprocess
 def test_the_daemon_serves_through_compaction_and_loses_no_acknowledged_write(
-    data_dir: str, daemons: list[Daemon]
+    data_dir: str, daemons: Daemons
 ) -> None:
-    daemon = start_daemon(data_dir)
-    daemons.append(daemon)
+    daemon = start_daemon(daemons, data_dir)
     writer = Writer(daemon)
     for key in KEYS:
-        status, _ = daemon.request(
+        status, _ = request(
+            daemon,
             "POST",
             "/v1/share-group-state/initialize",
             partition_body(key, state_epoch=1, start_offset=0),
         )
         assert status == 200
-        writer.apply(InitializeOp(key, 1, 0))
+        writer.apply(key, InitializeOp(key, 1, 0))
     thread = threading.Thread(target=writer.run, name="writer")
     thread.start()
     try:
-        while writer.acked < 400 and writer.error is None:
-            time.sleep(0.05)
+        wait_until_blocking(
+            lambda: writer.acked >= 400 or writer.error is not None, "400 writes acknowledged"
+        )
         # From here on half the keys go cold: their state after a restart comes from
         # the compacted segment alone (the others get fresh snapshots later).
         writer.keys = KEYS[: len(KEYS) // 2]
-        time.sleep(0.5)
+        time.sleep(0.5)  # a while of writes to the hot half alone: time, not a condition
         before_job = writer.acked
         code, output = run("compact", "--data-dir", data_dir, "--master", "local[2]")
         during_job = writer.acked - before_job
@@ -258,7 +200,7 @@ def test_the_daemon_serves_through_compaction_and_loses_no_acknowledged_write(
         assert during_job > 0  # the daemon kept answering while the job ran
 
         segments_before = segment_counts(daemon)
-        status, committed = daemon.request("POST", "/v1/admin/compaction/commit")
+        status, committed = request(daemon, "POST", "/v1/admin/compaction/commit")
         assert status == 200
         assert committed["stale"] == []
         used = sorted({state_partition_of(key, PARTITIONS) for key in KEYS})
@@ -266,19 +208,20 @@ def test_the_daemon_serves_through_compaction_and_loses_no_acknowledged_write(
         segments_after = segment_counts(daemon)
         assert all(segments_after[p] < segments_before[p] for p in used)
         acked_at_commit = writer.acked
-        while writer.acked < acked_at_commit + 100 and writer.error is None:
-            time.sleep(0.05)
+        wait_until_blocking(
+            lambda: writer.acked >= acked_at_commit + 100 or writer.error is not None,
+            "100 more writes acknowledged after the commit",
+        )
     finally:
         writer.stop.set()
         thread.join(timeout=60)
     assert writer.error is None, writer.error
     check_every_acknowledged_write(daemon, writer)
 
-    daemon.stop()
+    assert daemon.terminate() == 0
     code, output = run("log", "verify", "--data-dir", data_dir)
     assert code == 0, output
 
-    restarted = start_daemon(data_dir)
-    daemons.append(restarted)
+    restarted = start_daemon(daemons, data_dir)
     check_every_acknowledged_write(restarted, writer)
-    restarted.stop()
+    assert restarted.terminate() == 0
