@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 CORE_STAMP := $(VENV)/.installed-core
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: venv serve test lint openapi bench reliability clean
+.PHONY: venv serve test lint openapi bench reliability clean kafka-peer
 
 venv: $(DEV_STAMP)
 
@@ -33,15 +33,21 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 serve: $(CORE_STAMP)
 	$(BIN)/sharecoord serve
 
+# Apache Kafka's broker (kafka_peer/pom.xml), which the differential tests and the bench
+# run beside sharecoord: its jars are copied into kafka_peer/cache once (Java 17 and
+# Maven needed; one line and exit 1 when either, or the repository, is missing).
+kafka-peer: $(DEV_STAMP)
+	@$(BIN)/python -m kafka_peer fetch
+
 # pytest exits 5 when it collected nothing; a suite that ran nothing is not green.
-test: $(DEV_STAMP)
+test: $(DEV_STAMP) kafka-peer
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); treating that as a failure" >&2; exit 1; fi; \
 	exit $$rc
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check protocol persistence client spark_jobs
+	$(BIN)/ruff format --check protocol persistence client spark_jobs kafka_peer
 	$(BIN)/mypy
 
 # openapi.yaml is generated from the schema declarations and the route table; a test
@@ -50,10 +56,10 @@ openapi: $(DEV_STAMP)
 	$(BIN)/python -m server.openapi > openapi.yaml.tmp || { rm -f openapi.yaml.tmp; exit 1; }
 	mv openapi.yaml.tmp openapi.yaml
 
-bench: $(DEV_STAMP)
+bench: $(DEV_STAMP) kafka-peer
 	$(BIN)/python -m bench
 
-reliability: $(DEV_STAMP)
+reliability: $(DEV_STAMP) kafka-peer
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 clean:
