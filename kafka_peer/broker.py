@@ -116,9 +116,10 @@ def fetch(cache: Path | None = None) -> Path:
 
 
 def _first_error(output: str) -> str:
-    """The line of Maven's output that says what went wrong."""
+    """The line of a tool's output that says what went wrong (Maven's first [ERROR],
+    or a line saying error)."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("[ERROR]")]
+    errors = [line for line in lines if line.startswith("[ERROR]") or "error" in line.lower()]
     text = (errors or lines or ["(no output)"])[0]
     return text.removeprefix("[ERROR]").strip()[:400]
 
@@ -212,8 +213,8 @@ class Broker:
 
     def _format(self, config: Path) -> None:
         done = subprocess.run(
-            self._java_argv("kafka.tools.StorageTool", "format", "-t", kafka_uuid(),
-                            "-c", str(config), "--feature", "share.version=1"),
+            self._java_argv("kafka.tools.StorageTool", "format", f"--cluster-id={kafka_uuid()}",
+                            "--config", str(config), "--feature", "share.version=1"),
             capture_output=True, text=True, check=False, timeout=START_TIMEOUT_S,
         )  # fmt: skip
         if done.returncode != 0:
