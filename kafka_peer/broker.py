@@ -43,6 +43,7 @@ POM = HERE / "pom.xml"
 LOG_CONFIG = HERE / "log4j2.yaml"
 SHARE_STATE_APIS = (83, 84, 85, 86, 87)
 MIN_JAVA = 17
+DEPENDENCY_PLUGIN = "3.8.1"  # as pom.xml pins it
 
 START_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 90.0
@@ -94,7 +95,8 @@ def fetch(cache: Path | None = None) -> Path:
     staging = Path(tempfile.mkdtemp(prefix=f".kafka-{KAFKA_VERSION}-", dir=jars.parent))
     try:
         done = subprocess.run(
-            [mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
+            [mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(POM),
+             f"org.apache.maven.plugins:maven-dependency-plugin:{DEPENDENCY_PLUGIN}:copy-dependencies",
              f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
             capture_output=True, text=True, check=False, timeout=1800,
         )  # fmt: skip
@@ -118,7 +120,8 @@ def fetch(cache: Path | None = None) -> Path:
 def _first_error(output: str) -> str:
     """The line of a tool's output that says what went wrong (Maven's first [ERROR],
     or a line saying error)."""
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", output)
+    lines = [line.strip() for line in plain.splitlines() if line.strip()]
     errors = [line for line in lines if line.startswith("[ERROR]") or "error" in line.lower()]
     text = (errors or lines or ["(no output)"])[0]
     return text.removeprefix("[ERROR]").strip()[:400]
