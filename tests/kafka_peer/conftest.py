@@ -1,4 +1,5 @@
-"""One Kafka broker and one sharecoord daemon for the whole session, set up alike
+"""One Kafka broker and one sharecoord daemon for all the tests of this folder (stopped
+once they are done, not at the end of the whole run), set up alike
 (tests/kafka_peer/sides.py), and the figures the differential tests print at the end."""
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class Figures:
 FIGURES = Figures()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Peers]:
     unavailable = None
     try:
