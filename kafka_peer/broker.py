@@ -94,11 +94,10 @@ def fetch(cache: Path | None = None) -> Path:
     jars.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".kafka-{KAFKA_VERSION}-", dir=jars.parent))
     try:
-        done = subprocess.run(
-            [mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(POM),
-             f"org.apache.maven.plugins:maven-dependency-plugin:{DEPENDENCY_PLUGIN}:copy-dependencies",
-             f"-DoutputDirectory={staging}", "-DincludeScope=runtime"],
-            capture_output=True, text=True, check=False, timeout=1800,
+        goal = f"org.apache.maven.plugins:maven-dependency-plugin:{DEPENDENCY_PLUGIN}"
+        done = _maven(
+            [mvn, "-B", "-q", "-Dstyle.color=never", "-f", str(POM), f"{goal}:copy-dependencies",
+             f"-DoutputDirectory={staging}", "-DincludeScope=runtime"]
         )  # fmt: skip
         if done.returncode != 0:
             raise PeerUnavailable(
@@ -115,6 +114,16 @@ def fetch(cache: Path | None = None) -> Path:
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return jars
+
+
+def _maven(argv: list[str], timeout: float = 1800.0) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PeerUnavailable(
+            f"kafka peer: Maven did not finish fetching Kafka {KAFKA_VERSION}'s jars "
+            f"in {timeout:.0f}s (a repository that does not answer?)"
+        ) from None
 
 
 def _first_error(output: str) -> str:
