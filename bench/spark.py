@@ -211,7 +211,7 @@ def source_scenarios(work: Path, quick: bool) -> list[dict[str, Any]]:
     try:
         spark.sparkContext.setLogLevel("WARN")
         register(spark)
-        query = "count(*) AS n, sum(size(batches)) AS b, count(DISTINCT group_id) AS g"
+        query = "count(*) AS n, sum(size(state_batches)) AS b, count(DISTINCT group_id) AS g"
         spark.read.format("sharecoord").load(str(pristine)).limit(10).collect()  # warm up
         for partitioning in ("segment", "state_partition"):
             started = time.perf_counter()
