@@ -4,7 +4,8 @@ generator (bench/kafka_load.py), the same pre-encoded frames, the same machine.
 Both servers get the same setup: 50 state partitions, 500 updates per snapshot, the
 10,000 share-partitions of bench/workload.py (of one topic the broker created, which
 sharecoord takes as it is), initialized over the Kafka protocol, then 100,000 records of
-batched writes. Then, for each server in turn:
+batched writes. Both then run side by side, and each step below runs on Kafka and then
+on sharecoord, so that the machine's drift falls on both alike:
 
 1. a restart pinned to one core, timed from launching the process to the first write
    it answers with 0 (Kafka: JVM start, then loading ``__share_group_state``;
@@ -318,44 +319,45 @@ ONE_CORE_PLAN = [("write", 1), ("write", 16), ("write", 64), ("write_batch", 16)
 TWO_CORE_PLAN = [("write", 64), ("write_batch", 64), ("read_summary", 16)]
 
 
-def _measure(
-    side: Side, frames: dict[str, Path], topic_id: str, duration: float
-) -> tuple[list[LoadResult], list[dict[str, Any]]]:
-    """A started side: fill it, restart it, load it, on one core and then on two."""
+def _fill(side: Side, frames: dict[str, Path]) -> None:
     _say(f"{side.name}: initialize {GROUPS * PARTITIONS_PER_GROUP:,} share-partitions, "
          f"then {FILL_RECORDS:,} records of batched writes")  # fmt: skip
     send_checked(side.port, read_frames(str(frames["initialize"])), 83)
     send_checked(side.port, read_frames(str(frames["write_batch"]))[: FILL_RECORDS // 50], 85)
-    probe = read_frames(str(frames["write"]))[0]
-    rows, restarts = [], []
-    for cpus, suffix, plan in (
-        (ONE_CORE, "", ONE_CORE_PLAN),
-        (TWO_CORES, ", 2 cores", TWO_CORE_PLAN),
-    ):
-        restarts.append(_restart(side, cpus, probe, topic_id))
-        before = side.errors()
-        rows += _rows(side, frames, duration, suffix, plan)
-        if side.errors() != before:
-            raise RuntimeError(f"{side.name} answered errors: {before} -> {side.errors()}")
-    return rows, restarts
 
 
 def scenarios(work: Path, duration: float) -> tuple[list[LoadResult], list[dict[str, Any]]]:
-    """Both servers, one after the other: (load rows, restart rows)."""
-    kafka = KafkaSide(work)
+    """Both servers up at once, each step run on Kafka and then on sharecoord, so that
+    the machine's drift falls on both alike: (load rows, restart rows)."""
+    kafka, sharecoord = KafkaSide(work), SharecoordSide(work)
     kafka.start(ONE_CORE)
     with _stopped_after(kafka):
         with Connection("127.0.0.1", kafka.port) as admin:
             topic_id = create_topic(admin, "bench", PARTITIONS_PER_GROUP)
             wait_until_loaded(admin, topic_id, STATE_PARTITIONS)
         frames = build_frames(work / "kafka-peer-frames", topic_id)
-        rows, restarts = _measure(kafka, frames, topic_id, duration)
-    sharecoord = SharecoordSide(work)
-    sharecoord.start(ONE_CORE)
-    with _stopped_after(sharecoord):
-        sharecoord.ready(topic_id)
-        more_rows, more_restarts = _measure(sharecoord, frames, topic_id, duration)
-    return rows + more_rows, restarts + more_restarts
+        sharecoord.start(ONE_CORE)
+        with _stopped_after(sharecoord):
+            sharecoord.ready(topic_id)
+            sides: list[Side] = [kafka, sharecoord]
+            for side in sides:
+                _fill(side, frames)
+            probe = read_frames(str(frames["write"]))[0]
+            rows: list[LoadResult] = []
+            restarts: list[dict[str, Any]] = []
+            for cpus, suffix, plan in (
+                (ONE_CORE, "", ONE_CORE_PLAN),
+                (TWO_CORES, ", 2 cores", TWO_CORE_PLAN),
+            ):
+                restarts += [_restart(side, cpus, probe, topic_id) for side in sides]
+                before = [side.errors() for side in sides]
+                for step in plan:
+                    for side in sides:
+                        rows += _rows(side, frames, duration, suffix, [step])
+                for side, errors in zip(sides, before, strict=True):
+                    if side.errors() != errors:
+                        raise RuntimeError(f"{side.name} answered errors: {side.errors()}")
+    return rows, restarts
 
 
 def ratios(rows: list[LoadResult]) -> dict[str, float]:
