@@ -14,7 +14,7 @@ SERVE_ARGS ?=
 CORE_STAMP := $(VENV)/.installed-core
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: venv serve test lint openapi bench reliability clean
+.PHONY: venv serve test lint openapi bench reliability clean kafka-peer
 
 venv: $(DEV_STAMP)
 
@@ -34,9 +34,15 @@ $(DEV_STAMP): pyproject.toml | $(BIN)/python
 serve: $(CORE_STAMP)
 	$(BIN)/sharecoord serve $(SERVE_ARGS)
 
+# Apache Kafka's broker (kafka_peer/pom.xml), which the differential tests and the bench
+# run beside sharecoord: its jars are copied into kafka_peer/cache once (Java 17 and
+# Maven needed; one line and exit 1 when either, or the repository, is missing).
+kafka-peer: $(DEV_STAMP)
+	@$(BIN)/python -m kafka_peer fetch
+
 # pytest exits 5 when it collected nothing; a suite that ran nothing is not green.
 # The PostgreSQL store's tests need PostgreSQL's server binaries (.ci/run installs them).
-test: $(DEV_STAMP)
+test: $(DEV_STAMP) kafka-peer
 	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 	echo "make test: no PostgreSQL found, so its tests will fail: apt-get install postgresql (Debian), as .ci/run does" >&2
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
@@ -45,7 +51,7 @@ test: $(DEV_STAMP)
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/ruff format --check protocol persistence client spark_jobs
+	$(BIN)/ruff format --check protocol persistence client spark_jobs kafka_peer
 	$(BIN)/mypy
 
 # openapi.yaml is generated from the schema declarations and the route table; a test
@@ -54,10 +60,10 @@ openapi: $(DEV_STAMP)
 	$(BIN)/python -m server.http.openapi > openapi.yaml.tmp || { rm -f openapi.yaml.tmp; exit 1; }
 	mv openapi.yaml.tmp openapi.yaml
 
-bench: $(DEV_STAMP)
+bench: $(DEV_STAMP) kafka-peer
 	$(BIN)/python -m bench
 
-reliability: $(DEV_STAMP)
+reliability: $(DEV_STAMP) kafka-peer
 	$(BIN)/python -m pytest -m slow $(PYTEST_ARGS)
 
 clean:

@@ -1,10 +1,13 @@
 """`make bench`: sharecoord next to its ceiling and its peers, in one run on one machine.
 
-    python -m bench [--quick] [--only http,kafka,peers,commit,entry,recovery,memory,spark]
+    python -m bench [--quick]
+                    [--only http,kafka,kafka-peer,peers,commit,entry,recovery,memory,spark]
                     (or compact,audit,source: parts of spark)
                     [--duration S]
 
 `peers` runs both kinds of peer; `blind-peers` or `equal-work` runs one kind alone.
+`kafka-peer` runs Kafka 4.4.0's own share coordinator next to sharecoord's Kafka
+listener (bench/kafka_peer.py; its jars come from `make kafka-peer`).
 
 Writes bench/results/latest.{json,md,png} and prints the Markdown table.
 """
@@ -491,7 +494,9 @@ def ratios(http: list[LoadResult]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs, small logs")
-    parser.add_argument("--only", default="http,kafka,peers,commit,entry,recovery,memory,spark")
+    parser.add_argument(
+        "--only", default="http,kafka,kafka-peer,peers,commit,entry,recovery,memory,spark"
+    )
     parser.add_argument("--duration", type=float, default=None, help="seconds per load run")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
@@ -519,6 +524,12 @@ def main(argv: list[str] | None = None) -> int:
                 "(as Kafka's persister does), pre-encoded WriteShareGroupState v1 frames; "
                 "'kafka ceiling' is bench/kafka_null.py, which parses each frame and answers "
                 "a fixed response, so its rate is also the generator's own ceiling.",
+                "Kafka 4.4.0 rows: Kafka's own share coordinator (a single KRaft broker, "
+                "kafka_peer/, 512 MiB heap, its defaults: __share_group_state at replication "
+                "factor 1 and, as Kafka does by default, no fsync of its log) next to "
+                "sharecoord's Kafka listener (an fsync before every answer), the same "
+                "frames from the same generator; each server pinned to CPU 0, and again on "
+                "both CPUs (', 2 cores' rows, the generator then sharing CPU 1).",
             ],
         }
         http: list[LoadResult] = []
@@ -530,16 +541,29 @@ def main(argv: list[str] | None = None) -> int:
             http += http_scenarios(work, bodies, duration, args.quick)
         if "kafka" in only:
             http += kafka_scenarios(work, duration)
+        restarts: list[dict[str, Any]] = []
+        if "kafka-peer" in only:
+            from bench import kafka_peer  # noqa: PLC0415 - needs the broker's jars
+
+            _say("Kafka's own share coordinator next to sharecoord's Kafka listener")
+            peer_rows, restarts = kafka_peer.scenarios(work, duration)
+            http += peer_rows
         if blind or equal:
             http += peer_scenarios(work, bodies, duration, blind=blind, equal=equal)
         results["http"] = [r.as_dict() for r in http]
         results["ratios"] = ratios(http)
+        if "kafka-peer" in only:
+            results["ratios"].update(kafka_peer.ratios(http))
+            results["recovery"] = restarts
         if "commit" in only:
             results["group_commit"] = commit_scenario(work, args.quick)
         if "entry" in only:
             results["entry_cost"] = entry_cost_scenario(args.quick)
         if "recovery" in only:
-            results["recovery"] = [recovery_scenario(work, 100_000 if args.quick else 1_000_000)]
+            results["recovery"] = [
+                recovery_scenario(work, 100_000 if args.quick else 1_000_000),
+                *results.get("recovery", []),
+            ]
         if "memory" in only:
             results["memory"] = [memory_scenario(work, 20_000 if args.quick else 200_000)]
         if only & {"spark", "compact", "audit", "source"}:

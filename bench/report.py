@@ -40,7 +40,8 @@ def markdown(results: dict[str, Any]) -> str:
     }
     for r in results["http"]:
         vs = ""
-        own = "kafka ceiling" if r["name"].startswith("sharecoord kafka") else "ceiling"
+        kafka_protocol = r["name"].startswith(("sharecoord kafka", "kafka "))
+        own = "kafka ceiling" if kafka_protocol else "ceiling"
         ceiling = ceilings.get((own, r["concurrency"]))
         is_ceiling = r["name"] in ("ceiling", "kafka ceiling")
         if not is_ceiling and ceiling and r["items_per_request"] == 1:
@@ -145,12 +146,14 @@ def chart(results: dict[str, Any], path: Path) -> None:
 
 
 def _color(name: str) -> str:
-    """Grey ceiling, blue sharecoord; each peer in a light (blind overwrite) and a dark
-    (equal work) shade of its colour."""
+    """Grey ceiling, blue sharecoord, green Kafka's own coordinator; each other peer in a
+    light (blind overwrite) and a dark (equal work) shade of its colour."""
     if name in ("ceiling", "kafka ceiling"):
         return "#888888"
     if name.startswith("sharecoord"):
         return "#1f77b4"
+    if name.startswith("kafka "):
+        return "#2ca02c"
     equal = "equal-work" in name
     if name.startswith("postgres"):
         return "#8c1010" if equal else "#d62728"

@@ -94,10 +94,9 @@ class FencedLeaderEpoch(ShareCoordinatorError):
 class FencedStateEpoch(ShareCoordinatorError):
     errno = 124
     name = "FENCED_STATE_EPOCH"
-    default_message = (
-        "The share coordinator rejected the request because the share-group state epoch "
-        "did not match."
-    )
+    # Kafka 4.4.0's text for 124 (earlier Kafka versions said "The share coordinator
+    # rejected the request because the share-group state epoch did not match.").
+    default_message = "The coordinator rejected the request because the state epoch did not match."
 
 
 ERRORS: dict[int, type[ShareCoordinatorError]] = {

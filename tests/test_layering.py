@@ -3,7 +3,8 @@
 server -> persistence -> protocol; client -> protocol; spark_jobs -> persistence,
 protocol. Nothing in protocol touches another layer; the server's compact and audit
 commands may start the Spark jobs' runner (spark_jobs.submit), which imports no server
-code.
+code. kafka_peer (Kafka's broker, for the tests and the bench) uses protocol only, and
+no layer uses it: the broker is never part of what `make serve` runs.
 
 Inside server/ (docs/design.md#one-node-two-transports): the two transports (server.http,
 server.kafka) do not import each other, nor a command (server.commands) or the daemon
@@ -23,13 +24,14 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-LAYERS = ("protocol", "persistence", "server", "client", "spark_jobs")
+LAYERS = ("protocol", "persistence", "server", "client", "spark_jobs", "kafka_peer")
 ALLOWED = {
     "protocol": {"protocol"},
     "persistence": {"persistence", "protocol"},
     "server": {"server", "persistence", "protocol", "spark_jobs"},
     "client": {"client", "protocol"},
     "spark_jobs": {"spark_jobs", "persistence", "protocol"},
+    "kafka_peer": {"kafka_peer", "protocol"},
 }
 TRANSPORTS = ("server.http", "server.kafka")
 COMMANDS = "server.commands"

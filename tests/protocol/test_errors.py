@@ -44,9 +44,9 @@ def test_12_default_messages_are_kafkas():
     assert errors.default_message(74) == (
         "The leader epoch in the request is older than the epoch on the broker."
     )
+    # Kafka 4.4.0's text, as its broker sends it (tests/kafka_peer compares the two).
     assert errors.default_message(124) == (
-        "The share coordinator rejected the request because the share-group state epoch "
-        "did not match."
+        "The coordinator rejected the request because the state epoch did not match."
     )
 
 

@@ -29,9 +29,7 @@ MSG_READ_UNINITIALIZED = "Read operation on uninitialized share partition not al
 MSG_WRITE_UNINITIALIZED = "Write operation on uninitialized share partition not allowed."
 MSG_NEGATIVE_PARTITION = "The partition id cannot be a negative number."
 MSG_FENCED_LEADER = "The leader epoch in the request is older than the epoch on the broker."
-MSG_FENCED_STATE = (
-    "The share coordinator rejected the request because the share-group state epoch did not match."
-)
+MSG_FENCED_STATE = "The coordinator rejected the request because the state epoch did not match."
 READ_ERROR_DEFAULTS = {"state_epoch": 0, "start_offset": 0, "state_batches": []}
 SUMMARY_ERROR_DEFAULTS = {
     "state_epoch": 0,
