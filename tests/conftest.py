@@ -30,10 +30,19 @@ def blockbuster() -> Iterator[BlockBuster]:
         yield detector
 
 
+# A long run's safety net: hundreds of kills or rounds, on a machine other work shares,
+# take longer than the suite's 600 s per test (pyproject.toml) without anything hung.
+SLOW_TEST_TIMEOUT_S = 3600
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked slow (the long reliability runs) only run when asked for with -m, as
-    `make reliability` does; a plain `make test` keeps to the short slices."""
+    `make reliability` does; a plain `make test` keeps to the short slices. When they
+    run, each has SLOW_TEST_TIMEOUT_S unless it says otherwise."""
     if config.option.markexpr:
+        for item in items:
+            if item.get_closest_marker("slow") and not item.get_closest_marker("timeout"):
+                item.add_marker(pytest.mark.timeout(SLOW_TEST_TIMEOUT_S))
         return
     slow = [item for item in items if item.get_closest_marker("slow")]
     if slow:
