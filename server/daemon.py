@@ -97,7 +97,10 @@ def run_server(config: ServeConfig) -> int:
     except OSError as exc:
         # The data directory cannot be made or opened (permissions, a full or read-only
         # disk, too many open files): the operation failed, said in one line.
-        where = f"{exc.filename}: " if exc.filename is not None else ""
+        named = exc.filename is not None and os.path.abspath(exc.filename) != os.path.abspath(
+            config.data_dir
+        )
+        where = f"{exc.filename}: " if named else ""
         problem = f"{where}{exc.strerror or exc}"
         return _fail(config, f"data directory {config.data_dir}: {problem}", EXIT_FAILURE)
     finally:

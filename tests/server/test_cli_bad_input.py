@@ -116,6 +116,13 @@ ROWS = [
         "data directory",
         "is a directory",
     ),
+    row(
+        "serve-data-dir-parent-missing",
+        "serve --data-dir {dir}/missing/d --listen 127.0.0.1:0",
+        1,
+        # The path once, then the reason.
+        "data directory {dir}/missing/d: no such file or directory",
+    ),
     row("serve-tls-cert-without-key", "serve --tls-cert {file}", 2, "tls_cert", "--tls-key"),
     row("serve-kafka-listener-unparsable", "serve --kafka-listener nope", 2, "kafka_listener"),
     row(
