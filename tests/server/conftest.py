@@ -23,6 +23,7 @@ from server.http.app import create_app
 from server.http.edge import EDGE, Edge
 from server.http.transport import api_runner
 from server.node import Node
+from tests.figures import figures  # noqa: F401
 from tests.fullfs import full_disk  # noqa: F401
 from tests.harness import FORMATS, Api
 from tests.persistence.stores import fresh_schema
