@@ -308,6 +308,10 @@ async def test_a_paused_leader_is_fenced_and_answers_16_once_it_wakes(
             late_answer = asyncio.create_task(
                 to_zombie.codes("write", body(GROUP, (TOPIC, [late_entry])))
             )
+            # And a read, which needs no commit: only the node's own clock can stop it
+            # answering from what it holds.
+            summary = body(GROUP, (TOPIC, [{"partition": partition, "leader_epoch": -1}]))
+            late_read = asyncio.create_task(to_zombie.codes("read-summary", summary))
             await cluster.wait_led(by={1})
             taken_at = time.monotonic()
             # The other node leads it now, with a higher epoch, and writes.
@@ -323,8 +327,10 @@ async def test_a_paused_leader_is_fenced_and_answers_16_once_it_wakes(
             model.acknowledge(partition, expected)
         finally:
             zombie.signal(signal.SIGCONT)
-        # Nothing it answers after the takeover is a success: the write it held...
+        # Nothing it answers after the takeover is a success: the write and the read it
+        # held...
         assert (await late_answer) != [0]
+        assert (await late_read) != [0]
         # ... and whatever it is asked now, until and after it dropped the partitions.
         read = body(GROUP, (TOPIC, [{"partition": partition, "leader_epoch": -1}]))
         first = await to_zombie.codes("read-summary", read)
