@@ -14,7 +14,8 @@ import re
 MASK = "***"
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 
-_URI_PASSWORD = re.compile(r"^(postgres(?:ql)?://[^:@/?#]*):[^@/?#]*@", re.IGNORECASE)
+# Any scheme's: a URI that is not PostgreSQL's is refused, in a line showing it masked.
+_URI_PASSWORD = re.compile(r"^([a-z][a-z0-9+.-]*://[^:@/?#]*):[^@/?#]*@", re.IGNORECASE)
 _WORD_PASSWORD = re.compile(r"(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&]*)", re.IGNORECASE)
 _WORDS = re.compile(r"^\s*[a-z_]+\s*=", re.IGNORECASE)
 

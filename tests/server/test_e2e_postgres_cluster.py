@@ -27,10 +27,12 @@ from tests.harness import (
     AcknowledgedGroup,
     Api,
     Daemon,
+    DaemonExited,
     Expected,
     Spawn,
     body,
     next_write,
+    run_cli,
     wait_until,
 )
 from tests.persistence.stores import fresh_schema
@@ -414,3 +416,41 @@ async def test_postgres_frozen_5_s_under_load_answers_retriably_and_writes_resum
 async def test_postgres_frozen_5_s_answers_within_write_timeout(spawn, tmp_path, figures):
     slowest = await database_away(spawn, tmp_path, figures)
     assert slowest < 3.0 + 1.0  # write_timeout_ms, and the deadline sweep's quarter of it
+
+
+# --- the URI's password -----------------------------------------------------------------------
+
+SECRET = "pw-Zq81-never-shown"
+
+
+async def test_the_state_store_password_shows_nowhere(spawn, daemons, tmp_path, postgres):
+    """Not in the log of a node that runs (nor its /metrics, its find-coordinator), nor in
+    the one line of a node whose PostgreSQL cannot be reached, nor in a settings error."""
+    uri = postgres.uri(password=SECRET)  # the test server trusts: any password will do
+    node = await spawn(
+        tmp_path / "node", "--state-store", uri, "--state-store-schema", fresh_schema(),
+        partitions=PARTITIONS,
+    )  # fmt: skip
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, node.url)
+        metrics = await api.metrics()
+        found = await api.post("/v1/find-coordinator", {"keys": [f"{GROUP}:{TOPIC}:0"]})
+    assert found.body["coordinators"][0]["error_code"] == 0
+    await asyncio.to_thread(node.terminate)
+    unreachable = f"postgresql://someone:{SECRET}@127.0.0.1:1/db"
+    dead = daemons.make(tmp_path / "dead", "--state-store", unreachable, partitions=PARTITIONS)
+    with pytest.raises(DaemonExited) as exited:
+        await asyncio.to_thread(dead.start)
+    assert exited.value.code == 1
+    bad = await asyncio.to_thread(
+        run_cli, "serve", "--state-store", f"mysql://root:{SECRET}@db/x", "--listen", "127.0.0.1:0"
+    )
+    assert bad.returncode == 2 and "not a PostgreSQL URI" in bad.stderr
+    for text in (
+        metrics,
+        await asyncio.to_thread(node.stderr_text),
+        exited.value.stderr,
+        bad.stderr,
+    ):
+        assert SECRET not in text
+    assert "***" in exited.value.stderr
