@@ -127,8 +127,13 @@ class EntryCaller:
             if not retry:
                 break
             for i in retry:
-                if _code(outcomes[i]) == errors.NOT_COORDINATOR:
+                outcome = outcomes[i]
+                if _code(outcome) == errors.NOT_COORDINATOR:
                     self._stats.not_coordinator += 1
+                    self._router.forget(entries[i].state_partition, entries[i].sent_to)
+                elif isinstance(outcome, Failure) and outcome.cause is not None:
+                    # The owner could not be reached (dead, or gone on leases): ask who
+                    # leads now rather than knock on its door until the deadline.
                     self._router.forget(entries[i].state_partition, entries[i].sent_to)
             if policy.max_retries is not None and attempts > policy.max_retries:
                 break

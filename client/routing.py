@@ -12,7 +12,8 @@ padding spaces it hashes as given, as the daemon routes the RPCs), and the state
 partition in the answer checks that both sides count the same number of state
 partitions. Lookups wanted in the same turn of the event loop share one request;
 a lookup in flight is shared by everyone waiting for it. An owner is forgotten when it
-answers 16 NOT_COORDINATOR, and looked up again on the next attempt.
+answers 16 NOT_COORDINATOR or cannot be reached, and looked up again on the next attempt
+(on the PostgreSQL store, a dead node's partitions move to the others).
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ import uvloop
 from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
-from server.config import ServeConfig
+from server.config import WILDCARD_HOSTS, ServeConfig, advertised_host
 from server.http.transport import HttpTransport, bind_sockets
 from server.kafka.auth import CredentialsError, KafkaAuth, load_credentials
 from server.kafka.listener import KafkaListener, bind_kafka_socket, start_kafka_listener
@@ -88,6 +88,8 @@ def run_server(config: ServeConfig) -> int:
     except ListenError as exc:
         return _fail(config, str(exc), EXIT_FAILURE)
     node = Node(config, _advertised_cluster(config, listeners.http_address[1]), fs=fs)
+    if listeners.kafka is not None:
+        node.kafka_advertised = _advertised_kafka(config, listeners.kafka)
     try:
         return uvloop.run(_serve(node, listeners, token, ssl_context, kafka_auth))
     except (LogError, CatalogError) as exc:
@@ -160,6 +162,15 @@ def _advertised_cluster(config: ServeConfig, port: int) -> ClusterMap:
         (alone,) = cluster.nodes
         return ClusterMap.single(config.node_id, alone.host, port, config.partitions)
     return cluster
+
+
+def _advertised_kafka(config: ServeConfig, sock: socket.socket) -> str:
+    """Where the Kafka listener is reached (what a node on leases heartbeats): the bound
+    port, at the bound host, or the advertised one for a wildcard."""
+    host, port = sock.getsockname()[:2]
+    if host in WILDCARD_HOSTS:
+        host = advertised_host(config.advertised_listener)
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 async def _serve(

@@ -429,6 +429,25 @@ class ShareCoordinatorMetrics:
             "kafka_max_connections were open.",
             (),
         )
+        # The PostgreSQL store's leases (server/leadership.py); absent on the local store.
+        self.partitions_led = self._function(
+            "sharecoord_partitions_led",
+            "On the PostgreSQL store: state partitions this node holds the lease of.",
+            kind="gauge",
+        )
+        self.partitions_without_leader = self._function(
+            "sharecoord_partitions_without_leader",
+            "On the PostgreSQL store: state partitions whose lease had expired (or that "
+            "had none) and that this node did not hold, at its last lease round: a dead "
+            "node's partitions until someone claims them.",
+            kind="gauge",
+        )
+        self.takeovers = self._function(
+            "sharecoord_takeovers_total",
+            "On the PostgreSQL store: state partitions this node claimed after another "
+            "node's lease on them expired.",
+            kind="counter",
+        )
 
     # prometheus_client's classes register themselves when given the registry.
 
@@ -486,6 +505,18 @@ class ShareCoordinatorMetrics:
         self.log_end_offset.labels(partition).set_function(log_end_offset)
         self.log_segments.labels(partition).set_function(segments)
         self.log_bytes.labels(partition).set_function(size_bytes)
+
+    def track_leadership(
+        self,
+        *,
+        led: Callable[[], float],
+        without_leader: Callable[[], float],
+        takeovers: Callable[[], float],
+    ) -> None:
+        """On leases (the PostgreSQL store): what this node leads and sees of the others."""
+        self.partitions_led.set_function(led)
+        self.partitions_without_leader.set_function(without_leader)
+        self.takeovers.set_function(takeovers)
 
     def untrack_partition(self, partition: int) -> None:
         """Drop a state partition's series (it is no longer served here)."""

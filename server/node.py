@@ -8,13 +8,18 @@ are two ways into the same node, each an adapter over a started ``Node``;
 
 1. ``Node(config, cluster)``: nothing is read or made on disk yet (``serve`` binds its
    listen addresses first, so that a port in use leaves no data directory behind).
-2. ``start``: open the state store (the data directory is made if new), load the topic
-   catalog, build the runtimes and the service, start the group commit and the
-   periodic jobs (``server.jobs``: pruning, cold snapshots, compaction commits, state
-   retention, unfinished topic deletions), and load the state partitions in the
-   background.
+2. ``start``: open the state store (``server.store.open_store``: the data directory,
+   made if new, or the PostgreSQL store), load the topic catalog, build the runtimes and
+   the service, start the group commit and the periodic jobs (``server.jobs``: pruning,
+   cold snapshots, compaction commits, state retention, unfinished topic deletions),
+   and load the state partitions in the background. On the PostgreSQL store the node
+   owns no partition by configuration: its leadership (``server.leadership``) claims
+   them by leases, and adopts and drops their runtimes (``adopt``, ``drop``) as it wins and
+   loses them.
 3. Ready: ``loading`` is true until every owned state partition loaded or failed and
-   the topic deletions a stop left were finished; ``failures`` says which failed, why.
+   the topic deletions a stop left were finished (on the PostgreSQL store: until the
+   node registered, claimed, and loaded what it leads); ``failures`` says which
+   failed, why.
 4. ``drain``: each transport that ``serves`` the node, the last one first, stops
    taking requests and finishes those in flight within ``--shutdown-timeout-s``.
 5. ``stop``: stop the jobs and the loading, commit what is left, close the log;
@@ -29,7 +34,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from persistence import FileOps
 from protocol import codec
@@ -43,7 +48,10 @@ from server.metrics import CounterChild, ShareCoordinatorMetrics
 from server.offload import Offload, watch_loop_lag
 from server.runtime import PartitionRuntime, Status
 from server.service import CoordinatorService
-from server.store import StateStore
+from server.store import NodeStore, open_store
+
+if TYPE_CHECKING:
+    from server.leadership import Leadership
 
 _log = logging.getLogger("sharecoord.node")
 
@@ -94,8 +102,13 @@ class Node:
             max_state_batches_per_entry=config.max_state_batches_per_entry,
             max_group_id_bytes=config.max_group_id_bytes,
         )
-        self.store: StateStore | None = None
+        self.store: NodeStore | None = None
+        self.leadership: Leadership | None = None
+        # Where this node's Kafka listener is reached (the daemon says, once bound).
+        self.kafka_advertised: str | None = None
         self.runtimes: dict[int, PartitionRuntime] = {}
+        self._make_runtime: Callable[[int], PartitionRuntime] | None = None
+        self._loads: dict[int, asyncio.Task[None]] = {}
         self._service: CoordinatorService | None = None
         self._jobs: PeriodicJobs | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -119,6 +132,13 @@ class Node:
         self.cluster = cluster
         if self._service is not None:
             self._service.cluster = cluster
+        self._advertise()
+
+    def _advertise(self) -> None:
+        if self.leadership is not None:
+            me = self.cluster.node(self.config.node_id)
+            host = f"[{me.host}]" if ":" in me.host else me.host
+            self.leadership.advertise(f"{host}:{me.port}", self.kafka_advertised)
 
     # --- start ----------------------------------------------------------------------
 
@@ -138,7 +158,7 @@ class Node:
             for runtime in runtimes.values():
                 runtime.journal_full(cause)
 
-        store = await StateStore.open(
+        store = await open_store(
             config,
             self.cluster,
             self.metrics,
@@ -146,7 +166,8 @@ class Node:
             on_partition_failure=partition_failed,
             on_disk_full=disk_full,
         )
-        owned = sorted(self.cluster.owned_by(config.node_id))
+        leadership = self.leadership = store.leadership(self)
+        owned = [] if leadership is not None else sorted(self.cluster.owned_by(config.node_id))
         try:
             catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir, self.fs)
             self._build(store, catalog, owned)
@@ -164,14 +185,23 @@ class Node:
         ]
         service.start()
         self.jobs.start()
+        if leadership is not None:
+            self._advertise()
+            leadership.start()
+            _log.info(
+                "leading state partitions by leases of %d ms on %s",
+                config.lease_ms,
+                store.description,
+            )
+            return
         _log.info(
             "serving state partitions %s of %d from %s",
             format_partitions(owned) or "none",
             config.partitions,
-            config.data_dir,
+            store.description,
         )
 
-    def _build(self, store: StateStore, catalog: TopicCatalog, owned: list[int]) -> None:
+    def _build(self, store: NodeStore, catalog: TopicCatalog, owned: list[int]) -> None:
         """One runtime per owned state partition, and the service over them."""
         config = self.config
         metrics = self.metrics
@@ -182,8 +212,9 @@ class Node:
         )
         committer = store.committer
         runtimes = self.runtimes
-        for partition in owned:
-            runtimes[partition] = PartitionRuntime(
+
+        def make_runtime(partition: int) -> PartitionRuntime:
+            runtime = PartitionRuntime(
                 partition,
                 store.log.partition(partition),
                 shard_config,
@@ -194,7 +225,13 @@ class Node:
                 before_serving=committer.prepared,
                 offload=self.offload,
             )
-            _track(metrics, runtimes[partition])
+            _track(metrics, runtime)
+            return runtime
+
+        self._make_runtime = make_runtime
+        for partition in owned:
+            runtimes[partition] = make_runtime(partition)
+        leadership = self.leadership
         metrics.shard_writes.set_function(lambda: sum(r.shard_writes for r in runtimes.values()))
         service = self._service = CoordinatorService(
             runtimes=runtimes,
@@ -205,7 +242,15 @@ class Node:
             write_timeout_ms=config.write_timeout_ms,
             track_touches=config.state_retention_ms > 0,
             on_entry_results=_results_recorder(metrics),
+            may_serve=None if leadership is None else leadership.may_serve,
+            find_leaders=None if leadership is None else leadership.find_coordinator,
         )
+        if leadership is not None:
+            metrics.track_leadership(
+                led=lambda: len(leadership.led),
+                without_leader=lambda: leadership.without_leader,
+                takeovers=lambda: leadership.takeovers,
+            )
         self._jobs = PeriodicJobs(
             service,
             JobIntervals(
@@ -222,8 +267,40 @@ class Node:
     # --- ready ----------------------------------------------------------------------
 
     def loading(self) -> bool:
-        """Not ready yet: not started, or a partition still loading (``/readyz``)."""
-        return self._service is None or self._service.loading()
+        """Not ready yet: not started, or a partition still loading, or (on leases) not
+        registered yet (``/readyz``)."""
+        if self._service is None or self._service.loading():
+            return True
+        return self.leadership is not None and not self.leadership.settled
+
+    # --- partitions won and lost (server.leadership's PartitionHost) -------------------
+
+    def adopt(self, partition: int) -> None:
+        """This node leads ``partition`` from now on: its runtime loads it (14 until
+        loaded), then serves it."""
+        assert self._make_runtime is not None, "adopt before start"
+        runtime = self.runtimes[partition] = self._make_runtime(partition)
+        self._loads[partition] = asyncio.get_running_loop().create_task(
+            runtime.load(), name=f"load-partition-{partition}"
+        )
+
+    async def drop(self, partition: int) -> None:
+        """This node no longer leads ``partition``: its runtime and in-memory state go
+        now (requests for it answer 16), its loading or reloading stops."""
+        runtime = self.runtimes.pop(partition, None)
+        load = self._loads.pop(partition, None)
+        if runtime is None:
+            return
+        runtime.stop()
+        if load is not None:
+            load.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await load
+        await runtime.close()
+        self.metrics.untrack_partition(partition)
+
+    def adopting(self) -> bool:
+        return any(runtime.status is Status.LOADING for runtime in self.runtimes.values())
 
     def failures(self) -> list[tuple[int, str]]:
         """The failed state partitions, each with why."""
@@ -262,11 +339,14 @@ class Node:
             return
         self._stopped = True
         try:
+            if self.leadership is not None:
+                await self.leadership.stop()  # no claims, no renewals: the drain is done
             for runtime in self.runtimes.values():
                 runtime.stop()  # replays in threads end now, not when the log does
-            for task in self._tasks:
+            tasks = [*self._tasks, *self._loads.values()]
+            for task in tasks:
                 task.cancel()
-            for task in self._tasks:
+            for task in tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             if self._jobs is not None:

@@ -31,6 +31,7 @@ from protocol import errors
 from protocol.messages import (
     AdminState,
     AnyPartitionResult,
+    CoordinatorResult,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     PartitionStatus,
@@ -57,6 +58,10 @@ SLICE_S = 0.002
 _READS = frozenset({Rpc.READ, Rpc.READ_SUMMARY})
 
 
+# Who leads each coordinator key's state partition (keys, kafka) -> one result per key.
+FindLeaders = Callable[[list[str], bool], Awaitable[list[CoordinatorResult]]]
+
+
 class ServiceError(Exception):
     """An admin operation that cannot be done now; carries the Kafka code."""
 
@@ -79,8 +84,15 @@ class CoordinatorService:
         track_touches: bool = False,
         on_entry_results: Callable[[Rpc, dict[int, int]], None] | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        may_serve: Callable[[int], bool] | None = None,
+        find_leaders: FindLeaders | None = None,
     ) -> None:
         self.runtimes = runtimes
+        # With leases (server/leadership.py): whether a partition held here may still be
+        # answered for (its lease cannot have expired), and who leads each key's
+        # partition. Without: the runtimes are what the cluster file gives this node.
+        self._may_serve = may_serve
+        self._find_leaders = find_leaders
         self.committer = committer
         self._journal_full_logged_at = -1.0e9
         self.cluster = cluster
@@ -149,6 +161,7 @@ class CoordinatorService:
         group_id = request.group_id
         num_partitions = self.num_partitions
         runtimes = self.runtimes
+        may_serve = self._may_serve
         if rpc is not Rpc.READ_SUMMARY and self.committer.refusing_writes:
             return self._refuse_while_journal_full(rpc, request)
         results: list[TopicResult[Any]] = []
@@ -180,7 +193,7 @@ class CoordinatorService:
                     continue
                 state_partition = partition_for_prefix(prefix, partition, num_partitions)
                 runtime = runtimes.get(state_partition)
-                if runtime is None:
+                if runtime is None or (may_serve is not None and not may_serve(state_partition)):
                     code = errors.NOT_COORDINATOR
                 elif runtime.status is not Status.ACTIVE:
                     touched_here = True
@@ -287,7 +300,10 @@ class CoordinatorService:
         partitions whose commit failed or did not finish within the write timeout."""
         targets = {}
         for state_partition in partitions:
-            offset = self.runtimes[state_partition].pending_offset()
+            runtime = self.runtimes.get(state_partition)
+            if runtime is None:
+                continue  # no longer led here (leases): nothing of it is waited for
+            offset = runtime.pending_offset()
             if offset is not None:
                 targets[state_partition] = offset
         return list(await self._durable_ends(targets))
@@ -322,11 +338,24 @@ class CoordinatorService:
                 self._write_timeout_s,
             )
             for state_partition in barrier.pending:
-                short[state_partition] = runtimes[state_partition].log.durable_end_offset
+                runtime = runtimes.get(state_partition)
+                # A partition dropped meanwhile (leases): nothing is known to be durable.
+                short[state_partition] = -1 if runtime is None else runtime.log.durable_end_offset
         return short
 
-    def find_coordinator(self, request: FindCoordinatorRequest) -> FindCoordinatorResponse:
+    async def find_coordinator(
+        self, request: FindCoordinatorRequest, *, kafka: bool = False
+    ) -> FindCoordinatorResponse:
+        """Each key's node: from the cluster map, or, with leases, from the leaders and
+        nodes tables (with ``kafka``, where its Kafka listener is)."""
+        if self._find_leaders is not None:
+            return FindCoordinatorResponse(await self._find_leaders(request.keys, kafka))
         return FindCoordinatorResponse(find_coordinator(self.cluster, request.keys))
+
+    @property
+    def leased(self) -> bool:
+        """Whether this node leads its partitions by leases (no cluster file)."""
+        return self._find_leaders is not None
 
     # --- admin ------------------------------------------------------------------------
 
@@ -335,6 +364,14 @@ class CoordinatorService:
             key.group_id, key.topic_id, key.partition, self.num_partitions
         )
         runtime = self.runtimes.get(state_partition)
+        if self._may_serve is not None and (
+            runtime is None or not self._may_serve(state_partition)
+        ):
+            raise ServiceError(
+                errors.NOT_COORDINATOR,
+                f"state partition {state_partition} is not led by this node "
+                "(POST /v1/find-coordinator names its leader)",
+            )
         if runtime is None:
             owner = self.cluster.owner(state_partition)
             raise ServiceError(
@@ -527,6 +564,7 @@ class CoordinatorService:
             for p, r in sorted(self.runtimes.items())
             if r.status is Status.FAILED
         ]
+
 
 class _Deadlines:
     """The write timeout of every request waiting for durability, kept by one task

@@ -3,15 +3,28 @@ persistence/store.py over tables in PostgreSQL, through psycopg 3. An optional e
 (`pip install 'sharecoord[postgres]'`): nothing outside this package imports it, so the
 embedded default runs without it."""
 
-from persistence.postgres.connection import masked
-from persistence.postgres.leases import Lease, claim, heartbeat, list_leases, release, renew
+from persistence.postgres.leases import (
+    Leader,
+    Lease,
+    NodeRow,
+    claim,
+    heartbeat,
+    list_leases,
+    list_nodes,
+    live_leaders,
+    release,
+    renew,
+)
 from persistence.postgres.partition import PostgresPartition, RowBatch
 from persistence.postgres.schema import SCHEMA_VERSION, Tables
 from persistence.postgres.store import PostgresStore
+from persistence.store_uri import masked
 
 __all__ = [
     "SCHEMA_VERSION",
+    "Leader",
     "Lease",
+    "NodeRow",
     "PostgresPartition",
     "PostgresStore",
     "RowBatch",
@@ -19,6 +32,8 @@ __all__ = [
     "claim",
     "heartbeat",
     "list_leases",
+    "list_nodes",
+    "live_leaders",
     "masked",
     "release",
     "renew",

@@ -10,7 +10,10 @@
 * ``release``: end a node's leases now (a clean hand-over: the old leader stops first,
   then the new one claims).
 * ``heartbeat``: the node's row, with where it listens.
-* ``list_leases``: every partition's leader, epoch and lease expiry, as PostgreSQL sees them.
+* ``list_leases``: every partition's leader, epoch and lease expiry, as PostgreSQL sees
+  them, with how long each live lease has left;
+* ``list_nodes``: every node's row, with how long ago it last heartbeated;
+* ``live_leaders``: each partition with a live lease, and where its leader listens.
 
 A node that could not renew must stop serving before its lease can have expired, by its
 own monotonic clock measured from when it sent the renewal (the second stage's node
@@ -36,6 +39,28 @@ class Lease:
     epoch: int
     lease_expiry: datetime.datetime | None
     live: bool  # the lease has not expired, by PostgreSQL's clock
+    # Milliseconds the lease has left by PostgreSQL's clock (negative once expired);
+    # None without one.
+    remaining_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node_id: int
+    http_listener: str | None
+    kafka_listener: str | None
+    last_heartbeat: datetime.datetime
+    heartbeat_age_ms: float  # by PostgreSQL's clock
+
+
+@dataclass(frozen=True)
+class Leader:
+    """A partition's leader while its lease is live, and where it listens."""
+
+    state_partition: int
+    node_id: int
+    http_listener: str | None
+    kafka_listener: str | None
 
 
 def claim(
@@ -114,10 +139,37 @@ def list_leases(conn: psycopg.Connection[Any], tables: Tables) -> list[Lease]:
     rows = conn.execute(
         tables.sql(
             """SELECT state_partition, node_id, epoch, lease_expiry,
-                      coalesce(lease_expiry > clock_timestamp(), false)
+                      coalesce(lease_expiry > clock_timestamp(), false),
+                      extract(epoch FROM lease_expiry - clock_timestamp()) * 1000
                FROM {leaders} ORDER BY state_partition"""
         )
     ).fetchall()
     return [
-        Lease(int(p), node, int(epoch), expiry, bool(live)) for p, node, epoch, expiry, live in rows
+        Lease(int(p), node, int(epoch), expiry, bool(live), None if left is None else float(left))
+        for p, node, epoch, expiry, live, left in rows
     ]
+
+
+def list_nodes(conn: psycopg.Connection[Any], tables: Tables) -> list[NodeRow]:
+    rows = conn.execute(
+        tables.sql(
+            """SELECT node_id, http_listener, kafka_listener, last_heartbeat,
+                      extract(epoch FROM clock_timestamp() - last_heartbeat) * 1000
+               FROM {nodes} ORDER BY node_id"""
+        )
+    ).fetchall()
+    return [
+        NodeRow(int(node), http, kafka, beat, float(age)) for node, http, kafka, beat, age in rows
+    ]
+
+
+def live_leaders(conn: psycopg.Connection[Any], tables: Tables) -> dict[int, Leader]:
+    """{partition: its leader} for every partition whose lease is live now."""
+    rows = conn.execute(
+        tables.sql(
+            """SELECT l.state_partition, l.node_id, n.http_listener, n.kafka_listener
+               FROM {leaders} l LEFT JOIN {nodes} n ON n.node_id = l.node_id
+               WHERE l.lease_expiry > clock_timestamp()"""
+        )
+    ).fetchall()
+    return {int(p): Leader(int(p), int(node), http, kafka) for p, node, http, kafka in rows}

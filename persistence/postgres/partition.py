@@ -191,6 +191,17 @@ class PostgresPartition:
             if self._failure is None:
                 self._failure = cause
 
+    def abandon(self, cause: BaseException) -> None:
+        """This node stopped leading the partition (``cause`` says why): what was
+        appended and not committed is dropped, a batch taken before is refused by the
+        commit (a new generation), and no append is taken until it is opened again."""
+        with self._lock:
+            self._generation += 1
+            self._pending = []
+            self._opened = False
+            self._failure = cause
+            self._log_end_offset = self._durable_end_offset
+
     def key_starts(self, batch: RowBatch) -> dict[bytes, tuple[int, bool]]:
         """The sharecoord_keys rows this batch changes: each key's last snapshot in it,
         or its first record when the key is new."""

@@ -44,15 +44,16 @@ from persistence.frame import LogRecord
 from persistence.postgres import leases
 from persistence.postgres.connection import (
     Pool,
+    Watchdog,
     check_uri,
     connect,
     is_usable,
-    masked,
     unavailable,
 )
 from persistence.postgres.partition import ROW_OVERHEAD, PostgresPartition, RowBatch
 from persistence.postgres.schema import Tables, prepare
 from persistence.store import CycleResult
+from persistence.store_uri import masked
 
 if TYPE_CHECKING:
     from persistence.store import StateStore
@@ -69,12 +70,23 @@ class PostgresStore:
     """Every state partition in one PostgreSQL schema (persistence/store.py's
     StateStore), for node `node_id`."""
 
-    def __init__(self, uri: str, num_partitions: int, node_id: int, tables: Tables) -> None:
+    def __init__(
+        self,
+        uri: str,
+        num_partitions: int,
+        node_id: int,
+        tables: Tables,
+        timeout_ms: int | None = None,
+    ) -> None:
         self.uri = uri
         self._num_partitions = num_partitions
         self.node_id = node_id
         self.tables = tables
-        self.pool = Pool(uri)
+        # Bounds every statement and connection attempt (connection.connect), and the
+        # commit and the lease statements on a server that answers nothing (Watchdog).
+        self.timeout_ms = timeout_ms
+        self.watchdog = Watchdog()
+        self.pool = Pool(uri, timeout_ms)
         self._partitions = [PostgresPartition(self, p) for p in range(num_partitions)]
         self._epochs: dict[int, int] = {}
         self._commit_conn: psycopg.Connection[Any] | None = None
@@ -84,15 +96,23 @@ class PostgresStore:
 
     @classmethod
     def open(
-        cls, uri: str, num_partitions: int, node_id: int, *, schema: str = "public"
+        cls,
+        uri: str,
+        num_partitions: int,
+        node_id: int,
+        *,
+        schema: str = "public",
+        timeout_ms: int | None = None,
     ) -> PostgresStore:
         """Connect, and create or upgrade the tables (schema.py). Raises LogError in one
         line for a bad URI or schema name, StoreUnavailableError when the server
-        cannot be reached, MetaMismatchError for another number of partitions."""
+        cannot be reached, MetaMismatchError for another number of partitions. With
+        ``timeout_ms``, no statement or connection attempt waits longer than that
+        (but a replay's, on a server that stopped answering: docs/design.md)."""
         if num_partitions < 1:
             raise ValueError(f"num_partitions must be >= 1, got {num_partitions}")
         check_uri(uri)
-        store = cls(uri, num_partitions, node_id, Tables(schema))
+        store = cls(uri, num_partitions, node_id, Tables(schema), timeout_ms)
         try:
             with store.pool.connection("creating the tables") as conn:
                 prepare(conn, store.tables, num_partitions)
@@ -121,6 +141,10 @@ class PostgresStore:
         carry that epoch from now on."""
         self._epochs[partition] = epoch
 
+    def unlead(self, partition: int) -> None:
+        """This node no longer leads `partition`: a commit carrying it is fenced."""
+        self._epochs.pop(partition, None)
+
     def held_epoch(self, partition: int) -> int | None:
         return self._epochs.get(partition)
 
@@ -137,9 +161,17 @@ class PostgresStore:
 
     @contextlib.contextmanager
     def connection(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
-        """A pooled connection (autocommit) for the lease statements (leases.py)."""
-        with self.pool.connection(doing) as conn:
+        """A pooled connection (autocommit) for the lease statements (leases.py): the
+        block is cut past ``timeout_ms``."""
+        with self.pool.connection(doing) as conn, self._guarded(conn, doing):
             yield conn
+
+    def _guarded(
+        self, conn: psycopg.Connection[Any], doing: str
+    ) -> contextlib.AbstractContextManager[None]:
+        if self.timeout_ms is None:
+            return contextlib.nullcontext()
+        return self.watchdog.guard(conn, self.timeout_ms / 1000, self.uri, doing)
 
     @contextlib.contextmanager
     def transaction(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
@@ -205,7 +237,7 @@ class PostgresStore:
         conn = self._commit_connection()
         tables = self.tables
         fenced: dict[int, NotLeaderError] = {}
-        with conn.transaction():
+        with self._guarded(conn, "commit"), conn.transaction():
             rows = conn.execute(
                 tables.sql(
                     "SELECT state_partition, node_id, epoch FROM {leaders} "
@@ -257,7 +289,7 @@ class PostgresStore:
         conn = self._commit_conn
         if conn is None or not is_usable(conn):
             self._drop_commit_connection()
-            conn = self._commit_conn = connect(self.uri)
+            conn = self._commit_conn = connect(self.uri, timeout_ms=self.timeout_ms)
         return conn
 
     def _drop_commit_connection(self) -> None:
@@ -344,6 +376,7 @@ class PostgresStore:
             part.close()
         self._drop_commit_connection()
         self.pool.close()
+        self.watchdog.close()
 
     def __enter__(self) -> PostgresStore:
         return self

@@ -80,3 +80,15 @@ def _nearest_existing(path: str) -> str:
             break
         current = parent
     return current
+
+
+def postgres_driver_problem() -> str | None:
+    """``--state-store postgresql://``: the ``postgres`` extra (psycopg) is installed."""
+    try:
+        import psycopg  # noqa: F401
+    except ImportError as exc:
+        return (
+            f"state_store names a PostgreSQL store, and its driver cannot be imported ({exc}): "
+            "pip install 'sharecoord[postgres]'"
+        )
+    return None

@@ -20,7 +20,10 @@ def add_commands(subparsers: Any) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     try:
         config = load_serve_config(args, os.environ)
-        refuse(preflight.data_directory_problem(config.data_dir, created_if_missing=True))
+        if config.state_store is None:
+            refuse(preflight.data_directory_problem(config.data_dir, created_if_missing=True))
+        else:
+            refuse(preflight.postgres_driver_problem())
     except ConfigError as exc:
         if not _json_logs_asked(args):
             raise

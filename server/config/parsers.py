@@ -203,6 +203,14 @@ def minus_one_or_positive(value: Any) -> None:
         raise ValueError("must be -1 (never) or >= 1")
 
 
+def postgres_schema_name(value: Any) -> None:
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,40}", value):
+        raise ValueError(
+            "must be lower-case letters, digits and _ (not starting with a digit), at most "
+            "41 characters"
+        )
+
+
 def non_empty(value: Any) -> None:
     if not value.strip():
         raise ValueError("must not be empty")

@@ -29,6 +29,7 @@ from server.cluster import (
     check_partition_count,
     load_cluster,
 )
+from server.config.checks import check_node_address, check_state_store
 from server.config.engine import (
     ConfigError,
     Kafka,
@@ -59,6 +60,7 @@ from server.config.parsers import (
     parse_text,
     parse_word,
     positive,
+    postgres_schema_name,
 )
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -107,6 +109,50 @@ class ServeConfig:
         doc="Directory of the state log (one subdirectory per state partition).",
         meaning="the data directory",
         metavar="DIR",
+    )
+    state_store: str | None = setting(
+        None,
+        parse_optional_text,
+        doc="Where the state lives: not set, the data directory (--data-dir); a PostgreSQL "
+        "URI (postgresql://USER@HOST:PORT/DB, libpq's multi-host form included, e.g. "
+        "postgresql://u@db1:5432,db2:5432/db?target_session_attrs=read-write), the "
+        "PostgreSQL store: every node started on it with its own --node-id is a node of "
+        "one cluster, which leads state partitions by leases (needs the postgres extra: "
+        "pip install 'sharecoord[postgres]'). Its password is never shown. An empty value "
+        "means not set.",
+        meaning="not set: the data directory; a `postgresql://` URI: the PostgreSQL store, "
+        "every node on it one node of a cluster ([operations.md](operations.md#running-a-"
+        "cluster-on-postgresql)); its password is never shown",
+        metavar="URI",
+    )
+    state_store_schema: str = setting(
+        "public",
+        parse_text,
+        postgres_schema_name,
+        doc="The PostgreSQL schema of the store's tables (each named sharecoord_*): lower-case "
+        "letters, digits and _. Every node of one cluster names the same one.",
+        meaning="the PostgreSQL schema of the store's `sharecoord_*` tables",
+        metavar="NAME",
+    )
+    lease_ms: int = _int(
+        5000,
+        at_least(300),
+        doc="On the PostgreSQL store: how long a node's lease on a state partition lasts. "
+        "It renews its leases every third of this; a node that could not renew stops "
+        "serving them before they can have expired, and another node takes them over "
+        "once they have (PostgreSQL's clock decides).",
+        meaning="on the PostgreSQL store: a node's lease on a state partition; renewed every "
+        "third of it, taken over by another node once expired (at least 300)",
+    )
+    state_store_timeout_ms: int = _int(
+        2000,
+        at_least(100),
+        doc="On the PostgreSQL store: the most a statement or a connection attempt may take "
+        "before it is given up (the server's statement_timeout, and a cut of the connection "
+        "for a server that answers nothing). Below write_timeout_ms, so that an "
+        "unreachable server makes writes answer 15 in time.",
+        meaning="on the PostgreSQL store: the most a statement or a connection attempt may "
+        "take; below `write_timeout_ms`",
     )
     listen: str = setting(
         "127.0.0.1:9095",
@@ -417,6 +463,7 @@ def load_serve_config(
         raise ConfigError(
             f"{where('tls_client_ca')} needs --tls-cert and --tls-key: mutual TLS is TLS first"
         )
+    check_state_store(values, where)
     host, port = parse_listen(values["listen"])
     node_id, partitions = values["node_id"], values["partitions"]
     advertised = values["advertised_listener"]
@@ -439,34 +486,6 @@ def load_serve_config(
                 f"{where('node_id')} = {node_id} is not a node of cluster file "
                 f"{values['cluster']} (ids: {ids}); give --node-id"
             )
-        _check_node_address(cluster_map, node_id, port, advertised, values["cluster"], where)
+        check_node_address(cluster_map, node_id, port, advertised, values["cluster"], where)
     return ServeConfig(**values, host=host, port=port, cluster_map=cluster_map)
 
-
-def _check_node_address(
-    cluster_map: ClusterMap,
-    node_id: int,
-    port: int,
-    advertised: str | None,
-    cluster_file: str,
-    where: Callable[[str], str],
-) -> None:
-    """With a cluster file, the node's entry is where clients reach it: a listen port
-    that differs sends them to nobody, unless --advertised-listener says that the
-    entry's address is mapped to this one (a NAT or container port mapping)."""
-    node = cluster_map.node(node_id)
-    entry = f"{node.host}:{node.port}"
-    if advertised is not None:
-        if parse_listen(advertised) != (node.host, node.port):
-            raise ConfigError(
-                f"{where('advertised_listener')} = {advertised} disagrees with node {node_id}'s "
-                f"entry {entry} in cluster file {cluster_file}; with a cluster file, that "
-                "entry is what find-coordinator answers: give it, or leave this unset"
-            )
-        return
-    if port != node.port:
-        raise ConfigError(
-            f"{where('listen')} has port {port}, but cluster file {cluster_file} says node "
-            f"{node_id} is reached at {entry}: give --listen HOST:{node.port} (behind a port "
-            f"mapping, add --advertised-listener {entry})"
-        )

@@ -91,7 +91,7 @@ async def handle_find_coordinator(request: web.Request) -> web.StreamResponse:
         decoded = codec.decode_find_coordinator(body, fmt, edge.node.limits)
     except BodyError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), out)
-    response = edge.node.service.find_coordinator(decoded)
+    response = await edge.node.service.find_coordinator(decoded)
     return respond(codec.encode_find_coordinator_response(response, out), out)
 
 

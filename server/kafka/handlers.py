@@ -202,16 +202,31 @@ class KafkaApi:
 
     # --- FindCoordinator ----------------------------------------------------------------
 
-    def _find_coordinator(self, version: int, correlation_id: int, reader: Reader) -> bytes:
+    def _find_coordinator(self, version: int, correlation_id: int, reader: Reader) -> Answer:
         query = control.decode_find_coordinator(version, reader)
         reader.expect_end()
         try:
             check_coordinator_keys(query.keys, self._limits)
         except BodyError as exc:
             raise WireError(str(exc)) from None
-        answers = [self._coordinator(version, query.key_type, key) for key in query.keys]
         if query.key_type == control.SHARE_KEY and version >= control.MIN_SHARE_KEY_VERSION:
-            found = self._service().find_coordinator(FindCoordinatorRequest(query.keys))
+            return self._share_coordinators(version, correlation_id, query.keys)
+        answers = [self._coordinator(version, query.key_type, key) for key in query.keys]
+        body = control.encode_find_coordinator(version, answers)
+        return self._reply(km.FIND_COORDINATOR, version, correlation_id, body)
+
+    async def _share_coordinators(
+        self, version: int, correlation_id: int, keys: list[str]
+    ) -> bytes:
+        service = self._service()
+        found = await service.find_coordinator(FindCoordinatorRequest(keys), kafka=True)
+        if service.leased:
+            # The leaders table named each leader's Kafka listener already.
+            answers = [
+                control.Coordinator(r.key, r.node_id, r.host, r.port, r.error_code, r.error_message)
+                for r in found.coordinators
+            ]
+        else:
             answers = [self._share_coordinator(r) for r in found.coordinators]
         body = control.encode_find_coordinator(version, answers)
         return self._reply(km.FIND_COORDINATOR, version, correlation_id, body)

@@ -23,8 +23,38 @@ from server.http.app import create_app
 from server.http.edge import EDGE, Edge
 from server.http.transport import api_runner
 from server.node import Node
+from tests.figures import figures  # noqa: F401
 from tests.fullfs import full_disk  # noqa: F401
 from tests.harness import FORMATS, Api
+from tests.persistence.stores import fresh_schema
+from tests.postgres import PostgresServer
+
+
+@dataclass
+class StoreUnderTest:
+    """The ``serve`` flags of one state store, and what that store holds."""
+
+    kind: str
+    flags: dict[str, Any]
+    server: PostgresServer | None = None
+
+    def postgres_records(self) -> int:
+        """Rows in the PostgreSQL store's records table (blocking)."""
+        assert self.server is not None
+        schema = self.flags["state_store_schema"]
+        return int(self.server.execute(f"SELECT count(*) FROM {schema}.sharecoord_records"))
+
+
+@pytest.fixture(params=("local", "postgres"))
+def store(request: pytest.FixtureRequest) -> StoreUnderTest:
+    """Each state store in turn: the data directory, and the PostgreSQL store in a schema
+    of its own on the session's server (tests/postgres.py). A test taking it runs once
+    per store, with ``serve(**store.flags)`` (docs/design.md#cluster-mode)."""
+    if request.param == "local":
+        return StoreUnderTest("local", {})
+    server = request.getfixturevalue("postgres")
+    flags = {"state_store": server.uri(), "state_store_schema": fresh_schema()}
+    return StoreUnderTest("postgres", flags, server)
 
 
 @pytest.fixture(params=FORMATS)

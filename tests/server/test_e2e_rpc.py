@@ -122,11 +122,11 @@ async def test_the_five_rpcs_round_trip(serve, fmt):
     assert await api.codes("delete", body(g, (TOPIC, [part(0)]))) == [0]
 
 
-async def test_kip932_worked_example_replays_exactly(serve, fmt):
+async def test_kip932_worked_example_replays_exactly(serve, fmt, store):
     """tests/data's worked example, every request and expected answer as the file says
-    (JSON), and the same objects through msgpack."""
+    (JSON), and the same objects through msgpack; on either state store."""
     example = json.loads(await asyncio.to_thread(WORKED_EXAMPLE.read_text))
-    api = (await serve()).api(fmt)
+    api = (await serve(**store.flags)).api(fmt)
     for step in example["steps"]:
         method, path = step["http"].split(" ")
         assert method == "POST"
@@ -143,6 +143,8 @@ async def test_kip932_worked_example_replays_exactly(serve, fmt):
     assert state is not None
     assert state["start_offset"] == last["start_offset"]
     assert state["state_batches"] == last["state_batches"]
+    if store.kind == "postgres":  # the records went there, not to a data directory
+        assert await asyncio.to_thread(store.postgres_records) >= len(example["steps"]) - 1
 
 
 async def test_both_topic_id_spellings_name_one_topic_and_are_echoed_as_sent(serve, fmt):

@@ -48,6 +48,10 @@ FAMILIES = {
     "sharecoord_kafka_connections": ("gauge", ()),
     "sharecoord_kafka_connections_closed_total": ("counter", ("reason",)),
     "sharecoord_kafka_connections_refused_total": ("counter", ()),
+    # The PostgreSQL store's leases (cluster mode).
+    "sharecoord_partitions_led": ("gauge", ()),
+    "sharecoord_partitions_without_leader": ("gauge", ()),
+    "sharecoord_takeovers_total": ("counter", ()),
 }
 
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})? (\S+)$")
@@ -84,6 +88,7 @@ def busy_metrics() -> ShareCoordinatorMetrics:
     metrics.kafka_connections.inc()
     metrics.kafka_closed.labels("idle").inc()
     metrics.kafka_refused.inc()
+    metrics.track_leadership(led=lambda: 3, without_leader=lambda: 1, takeovers=lambda: 2)
     return metrics
 
 
