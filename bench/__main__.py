@@ -1,7 +1,7 @@
 """`make bench`: sharecoord next to its ceiling and its peers, in one run on one machine.
 
     python -m bench [--quick]
-                    [--only http,kafka,kafka-peer,peers,commit,entry,recovery,memory,spark]
+                    [--only http,kafka,kafka-peer,latency,peers,commit,entry,recovery,memory,spark]
                     (or compact,audit,source: parts of spark)
                     [--duration S]
 
@@ -31,6 +31,7 @@ from bench import entry_cost, equal_work, group_commit, peers, report
 from bench.kafka_load import run_kafka_load, write_frames
 from bench.loadgen import LoadResult, run_wrk
 from bench.logs import build_log
+from bench.open_loop import OpenLoopResult, run_open_loop
 from bench.system import (
     describe_machine,
     ensure_debian_packages,
@@ -249,6 +250,84 @@ def kafka_scenarios(work: Path, duration: float) -> list[LoadResult]:
             _say(f"  http write c={c}: {results[-1].requests_per_s:,.0f} req/s")
         _check_no_errors(base)
     return results
+
+
+LOAD_SHARES = (0.25, 0.5, 0.75)
+
+
+def latency_scenarios(work: Path, duration: float) -> tuple[list[LoadResult], list[OpenLoopResult]]:
+    """Single writes at a fixed rate (bench/open_loop.py): 25%, 50% and 75% of the
+    maximum each protocol reached in a closed loop (c=64) on the same daemon just before,
+    over HTTP and over the Kafka listener; then aiohttp's null handler and the null
+    Kafka-protocol server at the same rates. Returns the closed-loop maxima and the
+    open-loop rows."""
+    import random  # noqa: PLC0415
+
+    directory = work / "latency"
+    directory.mkdir(parents=True, exist_ok=True)
+    kafka_frames = write_frames(write_bodies(random.Random(1313), 20_000, 1), directory / "w.kafka")
+    bodies = build_body_files(work / "bodies")
+    maxima: list[LoadResult] = []
+    rows: list[OpenLoopResult] = []
+    port, kafka_port = free_port(), free_port()
+    _say("latency: single writes at 25/50/75% of the closed-loop maximum (open loop)")
+    argv = _daemon_argv(
+        work / "latency-data", port, "warning", "--kafka-listener", f"127.0.0.1:{kafka_port}"
+    )
+    with running(argv, env=python_env(), log=str(work / "latency.log")) as proc:
+        base = f"http://127.0.0.1:{port}"
+        _wait_ready(base)
+        initialize_all(base)
+        http_max = run_wrk(
+            "latency: sharecoord http write max", base + WRITE, bodies["write"],
+            concurrency=64, duration_s=duration, server_pid=proc.pid,
+        )  # fmt: skip
+        kafka_max = run_kafka_load(
+            "latency: sharecoord kafka write max", kafka_port, kafka_frames,
+            concurrency=64, duration_s=duration, server_pid=proc.pid,
+        )  # fmt: skip
+        maxima += [http_max, kafka_max]
+        _say(
+            f"  maxima: http {http_max.requests_per_s:,.0f} req/s, "
+            f"kafka {kafka_max.requests_per_s:,.0f} req/s"
+        )
+        for share in LOAD_SHARES:
+            for protocol, at_port, requests, top in (
+                ("http", port, bodies["write"], http_max.requests_per_s),
+                ("kafka", kafka_port, kafka_frames, kafka_max.requests_per_s),
+            ):
+                rows.append(
+                    run_open_loop(
+                        "sharecoord", protocol, at_port, requests,
+                        rate=share * top, duration_s=duration, load_share=share,
+                    )
+                )  # fmt: skip
+                _say(_open_loop_line(rows[-1]))
+        _check_no_errors(base)
+    for protocol, module, requests, top in (
+        ("http", "bench.ceiling", bodies["write"], http_max.requests_per_s),
+        ("kafka", "bench.kafka_null", kafka_frames, kafka_max.requests_per_s),
+    ):
+        port = free_port()
+        null = pinned(server_cpus(), [sys.executable, "-m", module, str(port)])
+        with running(null, env=python_env(), log=str(work / f"{module}.log")):
+            wait_for_port(port)
+            for share in LOAD_SHARES:
+                rows.append(
+                    run_open_loop(
+                        "null server", protocol, port, requests,
+                        rate=share * top, duration_s=duration, load_share=share,
+                    )
+                )  # fmt: skip
+                _say(_open_loop_line(rows[-1]))
+    return maxima, rows
+
+
+def _open_loop_line(row: OpenLoopResult) -> str:
+    return (
+        f"  {row.name} {row.protocol} at {row.load_share:.0%} ({row.offered_per_s:,.0f}/s): "
+        f"p50 {row.p50_ms:.2f} ms, p99 {row.p99_ms:.2f} ms, p99.9 {row.p999_ms:.2f} ms"
+    )
 
 
 def _wait_ready(base: str, deadline_s: float = 300) -> float:
@@ -495,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs, small logs")
     parser.add_argument(
-        "--only", default="http,kafka,kafka-peer,peers,commit,entry,recovery,memory,spark"
+        "--only", default="http,kafka,kafka-peer,latency,peers,commit,entry,recovery,memory,spark"
     )
     parser.add_argument("--duration", type=float, default=None, help="seconds per load run")
     args = parser.parse_args(argv)
@@ -548,6 +627,10 @@ def main(argv: list[str] | None = None) -> int:
             _say("Kafka's own share coordinator next to sharecoord's Kafka listener")
             peer_rows, restarts = kafka_peer.scenarios(work, duration)
             http += peer_rows
+        if "latency" in only:
+            maxima, open_loop = latency_scenarios(work, duration)
+            http += maxima
+            results["open_loop"] = [row.as_dict() for row in open_loop]
         if blind or equal:
             http += peer_scenarios(work, bodies, duration, blind=blind, equal=equal)
         results["http"] = [r.as_dict() for r in http]

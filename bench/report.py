@@ -55,6 +55,7 @@ def markdown(results: dict[str, Any]) -> str:
     if ratios:
         lines += ["", "## Ratios", ""]
         lines += [f"* {name}: **{value:.2f}x**" for name, value in ratios.items()]
+    lines += _open_loop_table(results.get("open_loop") or [])
     commit_rows = results.get("group_commit") or []
     if commit_rows:
         lines += [
@@ -120,6 +121,30 @@ def markdown(results: dict[str, Any]) -> str:
     if notes:
         lines += ["", "## Notes", ""] + [f"* {note}" for note in notes]
     return "\n".join(lines) + "\n"
+
+
+def _open_loop_table(rows: list[dict[str, Any]]) -> list[str]:
+    """Single writes at a fixed rate, sharecoord and the null server of each protocol
+    at the same rates, in the same run."""
+    if not rows:
+        return []
+    lines = [
+        "",
+        "## Latency at a fixed load (bench/open_loop.py: open loop, single writes, "
+        "timed from each request's scheduled send)",
+        "",
+        "| server | protocol | load | offered req/s | answered req/s | p50 ms | p99 ms "
+        "| p99.9 ms | errors |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in sorted(rows, key=lambda r: (r["protocol"], r["load_share"], r["name"])):
+        lines.append(
+            f"| {r['name']} | {r['protocol']} | {r['load_share']:.0%} | "
+            f"{_fmt(r['offered_per_s'])} | {_fmt(r['answered_per_s'])} | "
+            f"{_fmt(r['p50_ms'], 2)} | {_fmt(r['p99_ms'], 2)} | {_fmt(r['p999_ms'], 2)} | "
+            f"{r['errors']} |"
+        )
+    return lines
 
 
 def chart(results: dict[str, Any], path: Path) -> None:

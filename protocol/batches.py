@@ -126,6 +126,8 @@ def merge_batches(
     """
     if len(new) == 1:
         valid = new[0].first_offset <= new[0].last_offset
+        if valid and current_clean:
+            return _merge_one(current, new[0], start_offset)
     else:
         valid = all(b.first_offset <= b.last_offset for b in new)
     if not current_clean or not valid:
@@ -163,6 +165,45 @@ def merge_batches(
     # before the first new batch, which may merge with it.
     head = first_at - 1 if first_at else 0
     return _walk(remaining, head, len(remaining) - 1 - last_at)
+
+
+def _merge_one(
+    current: Sequence[StateBatch], batch: StateBatch, start_offset: int
+) -> tuple[list[StateBatch], bool]:
+    """``merge_batches`` of one valid batch into a clean ``current``: what nearly every
+    write brings. The same steps, but only the stretch the batch can reach is copied
+    and walked; the rest of ``current`` is final as it is (``merge_batches``), and goes
+    around the walked stretch in one concatenation."""
+    if start_offset != -1:
+        current = _prune_clean(current, start_offset)
+        if batch.last_offset < start_offset:
+            return list(current), True
+        if batch.first_offset < start_offset:
+            batch = msgspec.structs.replace(batch, first_offset=start_offset)
+    n = len(current)
+    if not n:
+        return [batch], True
+    first, last = batch.first_offset, batch.last_offset
+    lo = bisect_left(current, first - 1, key=_last_offset)
+    if lo:
+        lo -= 1
+    hi = bisect_right(current, last + 1, lo, key=_first_offset) + 1
+    hi = min(hi, n)
+    if hi - lo >= _LIST_WALK_MAX:
+        swept = _swept([*current[lo:hi], batch])
+        merged = [*current[:lo], *swept, *current[hi:]]
+        return merged, is_clean(merged, max(lo - 1, 0), lo + len(swept) + 1)
+    stretch = list(current[lo:hi])
+    at = bisect_left(stretch, _set_order(batch), key=_set_order)
+    stretch.insert(at, batch)
+    walked, clean = _walk(stretch, at - 1 if at else 0, len(stretch) - 1 - at)
+    # The walk's flag holds for the whole list: the batch before the stretch and the
+    # stretch's first (ends at least two before the new batch begins, so the walk
+    # leaves it as it is) are neighbours in current, which is clean; so are the
+    # stretch's last and the batch after it.
+    if lo == 0 and hi == n:
+        return walked, clean
+    return [*current[:lo], *walked, *current[hi:]], clean
 
 
 def is_clean(batches: Sequence[StateBatch], lo: int = 0, hi: int | None = None) -> bool:
