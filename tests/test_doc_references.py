@@ -50,17 +50,17 @@ HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
 POINT = re.compile(r"^[ \t]*([0-9]+)\.[ \t]")
 MD_LINK = re.compile(r"\[[^\]\n]*\]\((?P<target>[^)\s]+)\)")
 # The project's own packages, cited as modules or as paths.
-PACKAGES = ("protocol", "persistence", "server", "client", "spark_jobs", "bench", "tests")
+PACKAGES = ("protocol", "persistence", "server", "client", "spark_jobs", "kafka_peer", "bench", "tests")
 MODULE_REF = re.compile(
     r"(?<![\w./\\-])(?P<dotted>(?:" + "|".join(PACKAGES) + r")(?:\.[A-Za-z_]\w*)+)"
 )
 PATH_REF = re.compile(
     r"(?<![\w./\\-])(?P<path>(?:" + "|".join((*PACKAGES, r"\.ci")) + r")/[\w./-]*\w)"
 )
-# "server.crt", "client.key", "tests.py": file names, not modules.
+# "server.crt", "client.key", "tests.py", "server.properties": file names, not modules.
 FILE_SUFFIXES = frozenset(
     {"py", "md", "toml", "yaml", "yml", "json", "txt", "log", "html", "png", "crt", "key"}
-    | {"pem", "csr", "csv", "parquet", "tmp", "sock", "ini", "sh"}
+    | {"pem", "csr", "csv", "parquet", "tmp", "sock", "ini", "sh", "properties"}
 )
 
 
