@@ -50,7 +50,16 @@ HEADING = re.compile(r"^(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$")
 POINT = re.compile(r"^[ \t]*([0-9]+)\.[ \t]")
 MD_LINK = re.compile(r"\[[^\]\n]*\]\((?P<target>[^)\s]+)\)")
 # The project's own packages, cited as modules or as paths.
-PACKAGES = ("protocol", "persistence", "server", "client", "spark_jobs", "kafka_peer", "bench", "tests")
+PACKAGES = (
+    "protocol",
+    "persistence",
+    "server",
+    "client",
+    "spark_jobs",
+    "kafka_peer",
+    "bench",
+    "tests",
+)
 MODULE_REF = re.compile(
     r"(?<![\w./\\-])(?P<dotted>(?:" + "|".join(PACKAGES) + r")(?:\.[A-Za-z_]\w*)+)"
 )
