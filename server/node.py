@@ -44,7 +44,8 @@ from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
 from server.jobs import JobIntervals, PeriodicJobs
-from server.metrics import CounterChild, ShareCoordinatorMetrics
+from server.metric_families import CounterChild
+from server.metrics import ShareCoordinatorMetrics
 from server.offload import Offload, watch_loop_lag
 from server.runtime import PartitionRuntime, Status
 from server.service import CoordinatorService

@@ -30,7 +30,8 @@ from protocol.messages import FindCoordinatorRequest, Rpc, ShareGroupStateRespon
 from protocol.sasl import SaslFailed
 from server.cluster import ClusterMap
 from server.kafka.auth import KafkaAuth, SaslSession
-from server.metrics import CounterChild, HistogramChild, ShareCoordinatorMetrics
+from server.metric_families import CounterChild, HistogramChild
+from server.metrics import ShareCoordinatorMetrics
 from server.offload import OFFLOAD_BODY_BYTES, Offload
 from server.service import CoordinatorService, InOrder, Place
 

@@ -10,14 +10,8 @@ import re
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from server.metrics import (
-    CONTENT_TYPE,
-    LATENCY_BUCKETS,
-    FunctionFamily,
-    LoopCounter,
-    LoopHistogram,
-    ShareCoordinatorMetrics,
-)
+from server.metric_families import FunctionFamily, LoopCounter, LoopHistogram
+from server.metrics import CONTENT_TYPE, LATENCY_BUCKETS, ShareCoordinatorMetrics
 from tests.harness import samples
 
 # Every family the daemon exports: its type and its label names (docs/operations.md).
