@@ -49,6 +49,7 @@ from persistence.swap import (
     recover_staging,
     swap_in,
 )
+from protocol.loading import RawRecord
 
 _log = logging.getLogger("sharecoord.log")
 
@@ -189,14 +190,20 @@ class PartitionLog:
 
     # -- recovery ------------------------------------------------------------------------
 
-    def open(self, on_record: Callable[[LogRecord], None] | None = None) -> RecoveryReport:
+    def open(
+        self,
+        on_record: Callable[[LogRecord], None] | None = None,
+        *,
+        on_records: Callable[[list[RawRecord]], None] | None = None,
+    ) -> RecoveryReport:
         """Recover and verify the partition; see _recover. `on_record` sees every record
-        kept, in order, so a loader need not read the log a second time."""
+        kept, in order, so a loader need not read the log a second time; `on_records`
+        sees them too, in runs of plain tuples (protocol.loading's way)."""
         with self._lock:
             if self._opened:
                 raise LogError(f"{self!r} is already open")
             self._run_checks()
-            return self._recover(on_record)
+            return self._recover(on_record, on_records)
 
     def refuse_open(self, cause: BaseException) -> None:
         """Opening must fail with `cause` (damage that kept it from catching up with the
@@ -217,7 +224,11 @@ class PartitionLog:
             self._checks[0](self._fs)  # raises until it passes; then never again
             del self._checks[0]
 
-    def _recover(self, on_record: Callable[[LogRecord], None] | None) -> RecoveryReport:
+    def _recover(
+        self,
+        on_record: Callable[[LogRecord], None] | None,
+        on_records: Callable[[list[RawRecord]], None] | None = None,
+    ) -> RecoveryReport:
         """Finish half-done swaps, verify every frame of every segment, cut a torn tail of
         the newest segment (keeping the cut bytes in a .broken file), and raise
         LogCorruptionError for any other damage. Read-only: change nothing."""
@@ -234,7 +245,7 @@ class PartitionLog:
         torn: TornTail | None = None
         record_count = 0
         last_offset = -1
-        for scan in scan_partition(fs, files, on_record=on_record):
+        for scan in scan_partition(fs, files, on_record=on_record, on_records=on_records):
             if scan.damage is not None:
                 if not scan.tail_is_torn:
                     raise LogCorruptionError(scan.path, scan.damage.position, scan.damage.reason)

@@ -20,6 +20,9 @@ from typing import NamedTuple
 from persistence.errors import LogCorruptionError
 from persistence.fileops import FileOps
 from persistence.frame import (
+    LENGTH_FIELD_SIZE,
+    MAX_FRAME_LENGTH,
+    MIN_LENGTH,
     CorruptFrame,
     FrameError,
     IncompleteFrame,
@@ -28,6 +31,8 @@ from persistence.frame import (
     decode_frame,
     find_next_frame,
     frame_crc,
+    last_frame_of,
+    walk_frames,
 )
 from persistence.journal import JournalView, frame_offset
 from persistence.ownership import absent_by_design, data_dir_of
@@ -40,6 +45,7 @@ from persistence.staging import (
     parse_base,
     read_manifest,
 )
+from protocol.loading import RawRecord
 
 READ_CHUNK = 1 << 20
 _DEFAULT_FS = FileOps()
@@ -239,11 +245,25 @@ def scan_segment(
     limit: int | None = None,
     classify_tail: bool = False,
     on_record: Callable[[LogRecord], None] | None = None,
+    on_records: Callable[[list[RawRecord]], None] | None = None,
 ) -> SegmentScan:
     """Read a segment through, verifying every frame and the offset order (each offset
     above `after_offset`, at least `base_offset`, below `below_offset`). Never raises for
     damage: the first bad frame is in the result. With `classify_tail`, also tell whether
-    the damage is a torn tail (reads the rest of the file)."""
+    the damage is a torn tail (reads the rest of the file).
+
+    `on_records` takes the records in runs, as plain tuples (a loader's way: a third
+    of the cost of `on_record`'s LogRecord a frame); the result is the same."""
+    if on_records is not None:
+        fast, handed_on = _scan_fast(
+            fs, path, base_offset, after_offset, below_offset, limit, on_records
+        )
+        if fast is not None:
+            return fast
+        # Damage: the frame-by-frame reader has the verdict, and hands on what follows
+        # the records the fast one already gave.
+        delivered = _Delivered(on_records, handed_on)
+        on_record = delivered.take
     fd = fs.open(path, os.O_RDONLY)
     try:
         stream = FrameStream(
@@ -267,9 +287,95 @@ def scan_segment(
         scan.damage = stream.damage
         if classify_tail and stream.damage is not None:
             scan.tail_is_torn = stream.damage_is_torn_tail()
+        if on_records is not None:
+            delivered.flush()
         return scan
     finally:
         fs.close(fd)
+
+
+class _Delivered:
+    """The records of a segment the fast reader gave up on, read again frame by frame:
+    those past what it already handed on go on, in runs."""
+
+    def __init__(self, on_records: Callable[[list[RawRecord]], None], after: int) -> None:
+        self.on_records = on_records
+        self.after = after
+        self.run: list[RawRecord] = []
+
+    def take(self, record: LogRecord) -> None:
+        if record.offset > self.after:
+            self.run.append(
+                (record.offset, record.timestamp, record.record_type, record.key, record.value)
+            )
+
+    def flush(self) -> None:
+        if self.run:
+            self.on_records(self.run)
+            self.run = []
+
+
+def _scan_fast(
+    fs: FileOps,
+    path: str,
+    base_offset: int,
+    after_offset: int,
+    below_offset: int | None,
+    limit: int | None,
+    on_records: Callable[[list[RawRecord]], None],
+) -> tuple[SegmentScan | None, int]:
+    """``scan_segment`` of a segment without damage, by ``walk_frames`` over chunks of
+    the file; None at the first frame it does not take (``scan_segment`` reads the
+    segment again for the verdict), with the last offset handed on (-1: none)."""
+    fd = fs.open(path, os.O_RDONLY)
+    try:
+        size = fs.size(fd) if limit is None else limit
+        scan = SegmentScan(path, base_offset, size, 0)
+        min_offset = max(base_offset, after_offset + 1)
+        buf = b""
+        buf_at = 0  # file position of buf[0]
+        read_to = 0
+        need: int | None = READ_CHUNK
+        while True:
+            records, stop = walk_frames(buf, 0, min_offset, below_offset)
+            if records:
+                last = records[-1]
+                if scan.first_offset is None:
+                    scan.first_offset = records[0][0]
+                scan.record_count += len(records)
+                scan.last_offset = min_offset = last[0]
+                min_offset += 1
+                scan.last_frame_crc, at = last_frame_of(buf, stop, last)
+                scan.last_frame_at = buf_at + at
+                scan.valid_size = buf_at + stop
+                on_records(records)
+            rest = len(buf) - stop
+            if rest:
+                need = _frame_size(buf, stop)
+                if need is None or rest >= need or read_to >= size:
+                    return None, -1 if scan.last_offset is None else scan.last_offset
+            elif read_to >= size:
+                return scan, -1
+            chunk = fs.pread(fd, min(max(READ_CHUNK, need or 0), size - read_to), read_to)
+            if not chunk:  # shorter than the limit: what is there is all there is
+                if rest:
+                    return None, -1 if scan.last_offset is None else scan.last_offset
+                return scan, -1
+            read_to += len(chunk)
+            buf, buf_at = buf[stop:] + chunk, buf_at + stop
+    finally:
+        fs.close(fd)
+
+
+def _frame_size(buf: bytes, at: int) -> int | None:
+    """How many bytes the frame at buf[at] claims (its length field and all); None when
+    the claim is no frame's."""
+    if len(buf) - at < LENGTH_FIELD_SIZE:
+        return LENGTH_FIELD_SIZE + MIN_LENGTH
+    length = int.from_bytes(buf[at : at + LENGTH_FIELD_SIZE], "big")
+    if length < MIN_LENGTH or length > MAX_FRAME_LENGTH:
+        return None
+    return LENGTH_FIELD_SIZE + length
 
 
 def scan_partition(
@@ -277,6 +383,7 @@ def scan_partition(
     segments: Sequence[tuple[int, str]],
     *,
     on_record: Callable[[LogRecord], None] | None = None,
+    on_records: Callable[[list[RawRecord]], None] | None = None,
 ) -> Iterator[SegmentScan]:
     """Scan a partition's segments, (base offset, path) oldest first: each one's offsets
     above the previous segment's and below the next one's base. Damage in the newest is
@@ -292,6 +399,7 @@ def scan_partition(
             below_offset=None if newest else segments[index + 1][0],
             classify_tail=newest,
             on_record=on_record,
+            on_records=on_records,
         )
         yield scan
         if scan.last_offset is not None:

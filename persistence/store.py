@@ -31,11 +31,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from persistence.frame import LogRecord
 from persistence.segments import SegmentInfo, SegmentState
 from persistence.swap import CommitOutcome
+from protocol.loading import RawRecord
 
 BatchT = TypeVar("BatchT")
 BatchT_co = TypeVar("BatchT_co", covariant=True)
@@ -196,3 +197,40 @@ class StateStore(Protocol[BatchT]):
         ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class _OpensInRuns(Protocol):
+    def open(
+        self,
+        on_record: Callable[[LogRecord], None] | None = None,
+        *,
+        on_records: Callable[[list[RawRecord]], None] | None = None,
+    ) -> object: ...
+
+
+# Records a store hands one by one go on in runs of this many.
+_RUN = 4096
+
+
+def open_in_runs(
+    store: PartitionStore[Any], on_records: Callable[[list[RawRecord]], None]
+) -> object:
+    """``store.open``, handing what it hands a load in runs of plain tuples (a loader's
+    way, protocol/loading.py). The local log reads them so; another store's records are
+    gathered into runs here."""
+    if isinstance(store, _OpensInRuns):
+        return store.open(on_records=on_records)
+    run: list[RawRecord] = []
+
+    def take(record: LogRecord) -> None:
+        nonlocal run
+        run.append((record.offset, record.timestamp, record.record_type, record.key, record.value))
+        if len(run) >= _RUN:
+            on_records(run)
+            run = []
+
+    opened = store.open(take)
+    if run:
+        on_records(run)
+    return opened

@@ -7,7 +7,7 @@ log segments through it too, so the three can never disagree.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import msgspec
 
@@ -238,6 +238,16 @@ class ShareStateMap:
     def _replay_tombstone(self, offset: int, key: ShareKey) -> None:
         self.keys.pop(key, None)
         self._tombstone_offset = offset
+
+    def loaded(
+        self, entries: Iterable[tuple[ShareKey, KeyState]], tombstone_offset: int | None
+    ) -> None:
+        """Take the state a loader worked out (protocol/loading.py): what replaying the
+        same records here would have left, in the same order. Only into an empty map."""
+        if self.keys:
+            raise ValueError("a loaded state goes into an empty map only")
+        self.keys.update(entries)
+        self._tombstone_offset = tombstone_offset
 
     def last_redundant_offset(self) -> int | None:
         """Every record below this offset is redundant; None when nothing is (docs/semantics.md §9).

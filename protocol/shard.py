@@ -18,7 +18,7 @@ replays them and answers once the log says they are durable.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -120,6 +120,12 @@ class ShareCoordinatorShard:
         merged: tuple[list[StateBatch], bool] | None = None,
     ) -> None:
         self._state.replay(offset, record, key_bytes, merged)
+
+    def loaded(
+        self, entries: Iterable[tuple[ShareKey, KeyState]], tombstone_offset: int | None
+    ) -> None:
+        """Take a loaded state instead of replaying its records (``ShareStateMap.loaded``)."""
+        self._state.loaded(entries, tombstone_offset)
 
     def merged_update(self, record: ShareUpdate) -> tuple[list[StateBatch], bool] | None:
         """What replaying ``record`` would make of its key's batches (see

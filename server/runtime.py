@@ -45,8 +45,9 @@ from persistence import FileOps, LogRecord, PartitionFailedError
 from persistence.fileops import is_disk_full
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
 from persistence.room import RoomWatch
-from persistence.store import PartitionStore
+from persistence.store import PartitionStore, open_in_runs
 from protocol.batches import StateBatch
+from protocol.loading import LoadDecodeError, RawRecord, StateLoader
 from protocol.messages import AnyPartitionResult, Rpc
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
@@ -242,8 +243,26 @@ class PartitionRuntime:
         )
 
     def _open_and_replay(self) -> None:
+        # Each key from its last snapshot (protocol/loading.py): the state a replay of
+        # every record gives, without folding what a later snapshot replaces.
         shard = self._new_shard()
-        self.log.open(on_record=self._unless_closing(_replayer(shard, self.partition)))
+        loader = StateLoader(shard.config.records_per_snapshot)
+
+        def load(records: list[RawRecord]) -> None:
+            if self._closing:
+                _log.info(
+                    "state partition %d: loading stopped at offset %d: the daemon is stopping",
+                    self.partition,
+                    records[0][0],
+                )
+                raise LoadStopped(self.partition)
+            loader.add(records)
+
+        try:
+            open_in_runs(self.log, load)
+            shard.loaded(*loader.finish())
+        except LoadDecodeError as exc:
+            raise LoadError(f"state partition {self.partition}, {exc}; {_CHECK_THE_LOG}") from exc
         self.shard = shard
         self._unsynced = {}  # all of a freshly opened log is durable
 
@@ -559,6 +578,9 @@ def _frame(shard: ShareCoordinatorShard, record: Record) -> _Framed:
     return SNAPSHOT_RECORD_TYPE, key_bytes, value
 
 
+_CHECK_THE_LOG = "run `sharecoord log verify` and `sharecoord log dump` on the data directory"
+
+
 def _replayer(shard: ShareCoordinatorShard, partition: int) -> Callable[[LogRecord], None]:
     decoder = RecordDecoder()
     decode = decoder.decode
@@ -569,8 +591,7 @@ def _replayer(shard: ShareCoordinatorShard, partition: int) -> Callable[[LogReco
             record = decode(frame.record_type, frame.key, frame.value)
         except RecordDecodeError as exc:
             raise LoadError(
-                f"state partition {partition}, offset {frame.offset}: {exc}; "
-                "run `sharecoord log verify` and `sharecoord log dump` on the data directory"
+                f"state partition {partition}, offset {frame.offset}: {exc}; {_CHECK_THE_LOG}"
             ) from exc
         replay(frame.offset, record, frame.key)
 

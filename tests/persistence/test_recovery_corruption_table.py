@@ -30,6 +30,7 @@ import pytest
 
 from persistence import LogCorruptionError, LogRecord, SegmentInfo, encode_frame, verify
 from persistence.frame import KEY_AT, KEY_LENGTH_AT
+from persistence.partition import PartitionLog, RecoveryReport
 from persistence.segments import segment_path
 from tests.persistence.log_helpers import (
     FRAME_SIZE,
@@ -315,9 +316,19 @@ ROWS = [
 ]
 
 
+def open_reading(part: PartitionLog, in_runs: bool, handed: list[LogRecord]) -> RecoveryReport:
+    """Open a partition, collecting the records it hands a loader: one by one, or in
+    runs of tuples (the daemon's load, which reads each segment fast and hands the
+    frame-by-frame reader the verdict on damage)."""
+    if not in_runs:
+        return part.open(handed.append)
+    return part.open(on_records=lambda run: handed.extend(LogRecord(*r) for r in run))
+
+
+@pytest.mark.parametrize("in_runs", [False, True], ids=["one-by-one", "in-runs"])
 @pytest.mark.parametrize("damage", ROWS)
 def test_recovery_outcome_and_appends_afterwards(
-    data_dir: str, damage: Damage, caplog: pytest.LogCaptureFixture
+    data_dir: str, damage: Damage, in_runs: bool, caplog: pytest.LogCaptureFixture
 ) -> None:
     built = build(data_dir)
     expected = damage(built)
@@ -325,9 +336,10 @@ def test_recovery_outcome_and_appends_afterwards(
     caplog.set_level(logging.WARNING, logger="sharecoord.log")
     log = open_log(data_dir, segment_bytes=SEGMENT_BYTES)
 
+    handed: list[LogRecord] = []
     if expected.kind == "corrupt":
         with pytest.raises(LogCorruptionError) as refused:
-            log.partition(0).open()
+            open_reading(log.partition(0), in_runs, handed)
         error = refused.value
         assert (error.path, error.position) == (expected.path, expected.position)
         assert f"{expected.path}: damaged log at byte {expected.position}" in str(error)
@@ -340,8 +352,9 @@ def test_recovery_outcome_and_appends_afterwards(
         check_appends_work_afterwards(log, 1, built.other)
         return
 
-    report = log.partition(0).open()
+    report = open_reading(log.partition(0), in_runs, handed)
     assert expected.records is not None
+    assert handed == expected.records  # each record kept, once, in order
     if expected.kind == "torn":
         torn = report.torn_tail
         assert torn is not None
