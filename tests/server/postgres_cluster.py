@@ -246,7 +246,6 @@ async def writing(cluster: Cluster) -> AsyncIterator[Writers]:
             await writers.stop()
 
 
-
 async def check_on_a_fresh_node(
     spawn: Spawn, tmp_path: Path, cluster: Cluster, model: AcknowledgedGroup, uri: str
 ) -> None:

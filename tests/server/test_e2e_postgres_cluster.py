@@ -40,7 +40,6 @@ from tests.server.postgres_cluster import (
     writing,
 )
 
-
 # --- (1) a node lost ------------------------------------------------------------------------
 
 

@@ -59,7 +59,7 @@ async def database_failover(spawn: Spawn, tmp_path: Path, figures: Figures) -> f
     return max(again.values())
 
 
-async def test_after_the_primary_dies_and_the_standby_is_promoted_every_share_partition_is_written_again(
+async def test_after_the_primary_dies_and_a_standby_is_promoted_every_share_partition_is_written(
     spawn, tmp_path, figures
 ):
     await database_failover(spawn, tmp_path, figures)
