@@ -18,8 +18,9 @@ COPY spark_jobs ./spark_jobs
 # pyspark==4.0.3 from PyPI (pyproject.toml pins it), a second copy of the Spark 4.0.3
 # jars beside /opt/spark, kept on purpose so the image installs exactly what
 # pyproject.toml says. `sharecoord compact` runs that pyspark's bin/spark-submit, which
-# runs the Spark of $SPARK_HOME=/opt/spark (the same version).
-RUN python3 -m pip install --no-cache-dir '.[spark]' \
+# runs the Spark of $SPARK_HOME=/opt/spark (the same version). The postgres extra: the
+# nodes of the cluster profile run on the PostgreSQL store.
+RUN python3 -m pip install --no-cache-dir '.[spark,postgres]' \
     && rm -rf /opt/sharecoord \
     && mkdir -p /data \
     && chown spark:spark /data

@@ -1,11 +1,14 @@
 """`make bench`: sharecoord next to its ceiling and its peers, in one run on one machine.
 
     python -m bench [--quick]
-                    [--only http,kafka,kafka-peer,latency,peers,commit,entry,recovery,memory,spark]
+                    [--only http,kafka,kafka-peer,latency,peers,cluster,commit,entry,recovery,
+                            memory,spark]
                     (or compact,audit,source: parts of spark)
                     [--duration S]
 
-`peers` runs both kinds of peer; `blind-peers` or `equal-work` runs one kind alone.
+`cluster` runs writes on the PostgreSQL store beside the local one and a node's
+failover (bench/cluster.py). `peers` runs both kinds of peer; `blind-peers` or
+`equal-work` runs one kind alone.
 `kafka-peer` runs Kafka 4.4.0's own share coordinator next to sharecoord's Kafka
 listener (bench/kafka_peer.py; its jars come from `make kafka-peer`).
 
@@ -598,13 +601,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="short runs, small logs")
     parser.add_argument(
-        "--only", default="http,kafka,kafka-peer,latency,peers,commit,entry,recovery,memory,spark"
+        "--only",
+        default="http,kafka,kafka-peer,latency,peers,cluster,commit,entry,recovery,memory,spark",
     )
     parser.add_argument("--duration", type=float, default=None, help="seconds per load run")
     args = parser.parse_args(argv)
     only = set(args.only.split(","))
     duration = args.duration or (3.0 if args.quick else 10.0)
     ensure_debian_packages({"wrk": "wrk"})
+    if "cluster" in only:
+        ensure_debian_packages({"initdb": "postgresql"})
     with tempfile.TemporaryDirectory(prefix="sharecoord-bench-") as tmp:
         work = Path(tmp)
         results: dict[str, Any] = {
@@ -638,7 +644,7 @@ def main(argv: list[str] | None = None) -> int:
         http: list[LoadResult] = []
         blind = bool(only & {"peers", "blind-peers"})
         equal = bool(only & {"peers", "equal-work"})
-        if "http" in only or blind or equal:
+        if "http" in only or "cluster" in only or blind or equal:
             bodies = build_body_files(work / "bodies")
         if "http" in only:
             http += http_scenarios(work, bodies, duration, args.quick)
@@ -657,8 +663,18 @@ def main(argv: list[str] | None = None) -> int:
             results["open_loop"] = [row.as_dict() for row in open_loop]
         if blind or equal:
             http += peer_scenarios(work, bodies, duration, blind=blind, equal=equal)
+        if "cluster" in only:
+            from bench import cluster  # noqa: PLC0415 - needs the postgres extra
+
+            _say("cluster mode: the PostgreSQL store beside the local store, a node's failover")
+            cluster_rows, results["failover"] = cluster.scenarios(
+                work, bodies, duration, _wait_ready
+            )
+            http += cluster_rows
         results["http"] = [r.as_dict() for r in http]
         results["ratios"] = ratios(http)
+        if "cluster" in only:
+            results["ratios"].update(cluster.batched_ratio(cluster_rows))
         if "kafka-peer" in only:
             results["ratios"].update(kafka_peer.ratios(http))
             results["recovery"] = restarts

@@ -99,6 +99,17 @@ def markdown(results: dict[str, Any]) -> str:
                 f"| {row['name']} | {_fmt(row['records'])} | {_fmt(row['seconds'], 2)} | "
                 f"{_fmt(row['records_per_s'])} | {row.get('note', '')} |"
             )
+    failover = results.get("failover")
+    if failover:
+        lines += [
+            "",
+            "## Failover (bench/cluster.py: two nodes on PostgreSQL)",
+            "",
+            "| what | runs | lease | p50 s | max s |",
+            "| --- | ---: | ---: | ---: | ---: |",
+            f"| {failover['name']} | {failover['runs']} | {failover['lease_ms']} ms | "
+            f"{failover['p50_s']:.2f} | {failover['max_s']:.2f} |",
+        ]
     for row in results.get("memory") or []:
         lines += [
             "",

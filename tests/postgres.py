@@ -12,7 +12,8 @@ its log in its directory (``log_text`` shows it when a start fails).
 
 ``PostgresServer.standby`` makes a streaming standby of a primary with pg_basebackup -R;
 ``synchronous=True`` names it in the primary's ``synchronous_standby_names``, so a
-commit on the primary returns only once the standby has its WAL. ``kill`` sends a signal
+commit on the primary returns only once the standby has its WAL; ``multi_host_uri``
+names several servers, so that a client follows the one that accepts writes. ``kill`` sends a signal
 to the postmaster (SIGKILL: a crash), ``freeze``/``thaw`` SIGSTOP/SIGCONT the postmaster
 and every backend, ``promote`` ends a standby's recovery.
 
@@ -121,10 +122,13 @@ class PostgresServer:
         server.start()
         return server
 
-    def standby(self, name: str = "standby", *, synchronous: bool = False) -> PostgresServer:
+    def standby(
+        self, name: str = "standby", *, synchronous: bool = False, port: int | None = None
+    ) -> PostgresServer:
         """A streaming standby of this (running) primary, started; with `synchronous`,
-        the primary waits for it at every commit from now on."""
-        standby = PostgresServer(self.bin_dir, self.root, name, free_port())
+        the primary waits for it at every commit from now on. ``port``: where it listens
+        (a dead primary's, so that a multi-host URI naming it reaches the new standby)."""
+        standby = PostgresServer(self.bin_dir, self.root, name, port or free_port())
         standby._run(
             "pg_basebackup",
             "-D",
@@ -245,6 +249,11 @@ class PostgresServer:
         auth = SERVER_USER if password is None else f"{SERVER_USER}:{password}"
         return f"postgresql://{auth}@127.0.0.1:{self.port}/{dbname}"
 
+    def remove(self) -> None:
+        """Destroy it and delete its data directory (a dead primary a standby replaced)."""
+        self.destroy()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
+
     def execute(self, sql: str) -> str:
         """Run one statement with psql; its output, unaligned, without headers."""
         result = subprocess.run(
@@ -304,6 +313,13 @@ class PostgresServer:
         except subprocess.SubprocessError:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def multi_host_uri(*servers: PostgresServer, dbname: str = "postgres") -> str:
+    """libpq's multi-host URI of ``servers``, in order, that connects to whichever of them
+    accepts writes (a promoted standby once the primary died)."""
+    hosts = ",".join(f"127.0.0.1:{server.port}" for server in servers)
+    return f"postgresql://{SERVER_USER}@{hosts}/{dbname}?target_session_attrs=read-write"
 
 
 def _children(pid: int) -> list[int]:

@@ -44,17 +44,34 @@ class StoreUnderTest:
         schema = self.flags["state_store_schema"]
         return int(self.server.execute(f"SELECT count(*) FROM {schema}.sharecoord_records"))
 
+    def daemon_flags(self) -> list[str]:
+        """The same store as ``serve`` flags of a daemon process (the harness's spawn)."""
+        return [f"--{name.replace('_', '-')}={value}" for name, value in self.flags.items()]
 
-@pytest.fixture(params=("local", "postgres"))
-def store(request: pytest.FixtureRequest) -> StoreUnderTest:
-    """Each state store in turn: the data directory, and the PostgreSQL store in a schema
-    of its own on the session's server (tests/postgres.py). A test taking it runs once
-    per store, with ``serve(**store.flags)`` (docs/design.md#cluster-mode)."""
+
+def _store_under_test(request: pytest.FixtureRequest) -> StoreUnderTest:
     if request.param == "local":
         return StoreUnderTest("local", {})
     server = request.getfixturevalue("postgres")
     flags = {"state_store": server.uri(), "state_store_schema": fresh_schema()}
     return StoreUnderTest("postgres", flags, server)
+
+
+@pytest.fixture(params=("local", "postgres"))
+def store(request: pytest.FixtureRequest) -> StoreUnderTest:
+    """Each state store in turn: the data directory, and the PostgreSQL store in a schema
+    of its own on the session's server (tests/postgres.py). A test taking it runs once
+    per store, with ``serve(**store.flags)`` (docs/design.md#cluster-mode) or a daemon
+    started with ``store.daemon_flags()``."""
+    return _store_under_test(request)
+
+
+@pytest.fixture(params=("local", pytest.param("postgres", marks=pytest.mark.slow)))
+def store_postgres_slow(request: pytest.FixtureRequest) -> StoreUnderTest:
+    """As ``store``, the PostgreSQL one in `make reliability` only: for a long suite
+    that runs whole on the local store in `make test`, and whose representative slice
+    runs on both (``store``)."""
+    return _store_under_test(request)
 
 
 @pytest.fixture(params=FORMATS)

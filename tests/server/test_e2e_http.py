@@ -30,6 +30,18 @@ from tests.harness import (
     write_entry,
 )
 from tests.hostile_strings import PLACEHOLDER, encode_with, hostile_strings
+from tests.server.conftest import Served, ServeFactory, StoreUnderTest
+
+
+@pytest.fixture
+def serve(serve: ServeFactory, store_postgres_slow: StoreUnderTest) -> ServeFactory:
+    """Every node of this module on each state store: PostgreSQL's in `make
+    reliability` only (test_e2e_rpc.py is the slice that runs on both in `make test`)."""
+
+    async def start(**flags: Any) -> Served:
+        return await serve(**{**store_postgres_slow.flags, **flags})
+
+    return start
 
 
 def _entry(rpc: str, partition: int = 0) -> dict[str, Any]:

@@ -7,6 +7,10 @@ implementation of Kafka's wire format independent of ours (tests/kafka_client.py
   listener on its own group, the same operations);
 * ApiVersions, FindCoordinator, pipelining, empty requests, and the requests Kafka
   closes the connection for.
+
+Every test on the ``kafka`` fixture runs once per state store: the data directory, and
+PostgreSQL in `make reliability`; the worked example and the random sequences on both in
+`make test` too (``BOTH_STORES``).
 """
 
 from __future__ import annotations
@@ -48,13 +52,18 @@ from tests.kafka_client import (
 )
 from tests.server.test_metrics import FAMILIES
 
+# Both stores in `make test` (the fixture's parameters given here carry no slow mark).
+BOTH_STORES = pytest.mark.parametrize("store_postgres_slow", ["local", "postgres"], indirect=True)
 WORKED_EXAMPLE = Path(__file__).resolve().parents[1] / "data" / "kip932-worked-example.json"
 
 
 @pytest.fixture
-async def kafka(spawn, tmp_path):
-    """A daemon with a Kafka listener: (daemon, host, port)."""
-    daemon = await spawn(tmp_path / "data", "--kafka-listener", "127.0.0.1:0")
+async def kafka(spawn, tmp_path, store_postgres_slow):
+    """A daemon with a Kafka listener: (daemon, host, port); on each state store, the
+    PostgreSQL one in `make reliability` (``BOTH_STORES`` marks the slice that runs on
+    both in `make test`)."""
+    flags = store_postgres_slow.daemon_flags()
+    daemon = await spawn(tmp_path / "data", "--kafka-listener", "127.0.0.1:0", *flags)
     host, port = kafka_address(daemon.stdout_lines)
     return daemon, host, port
 
@@ -64,6 +73,7 @@ async def connect(kafka) -> KafkaClient:
     return await KafkaClient.connect(host, port)
 
 
+@BOTH_STORES
 async def test_kip932_worked_example_over_the_kafka_protocol(kafka):
     example = json.loads(await asyncio.to_thread(WORKED_EXAMPLE.read_text))
     client = await connect(kafka)
@@ -115,6 +125,7 @@ def random_op(rng: random.Random, partitions: list[int]) -> tuple[str, list[dict
     return rpc, entries
 
 
+@BOTH_STORES
 @pytest.mark.parametrize("seed", range(3))
 async def test_random_sequences_answer_the_same_over_kafka_and_http(kafka, session, seed):
     daemon, _, _ = kafka

@@ -7,26 +7,19 @@ reliability) also how fast. Figures: tests/figures.py.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import signal
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from client import ShareCoordinatorClient
-from protocol.batches import StateBatch
-from protocol.routing import partition_for
 from tests.figures import Figures
 from tests.harness import (
     TOPIC,
     AcknowledgedGroup,
     Api,
-    Daemon,
     DaemonExited,
     Expected,
     Spawn,
@@ -36,181 +29,16 @@ from tests.harness import (
     wait_until,
 )
 from tests.persistence.stores import fresh_schema
-from tests.postgres import PostgresServer, server_root
-
-PARTITIONS = 8
-GROUP = "cluster-group"
-SHARE_PARTITIONS = 24  # spread over the 8 state partitions
-
-
-def state_partition_of(partition: int) -> int:
-    return partition_for(GROUP, TOPIC, partition, PARTITIONS)
-
-
-@dataclass
-class Cluster:
-    server: PostgresServer
-    schema: str
-    nodes: list[Daemon]
-
-    def leaders(self) -> dict[int, int]:
-        """{state partition: node id} of the live leases (blocking)."""
-        rows = self.server.execute(
-            f"SELECT state_partition, node_id FROM {self.schema}.sharecoord_leaders "
-            "WHERE lease_expiry > clock_timestamp()"
-        )
-        return {int(p): int(n) for p, n in (line.split("|") for line in rows.splitlines())}
-
-    def epochs(self) -> dict[int, int]:
-        rows = self.server.execute(
-            f"SELECT state_partition, epoch FROM {self.schema}.sharecoord_leaders"
-        )
-        return {int(p): int(e) for p, e in (line.split("|") for line in rows.splitlines())}
-
-    async def wait_led(self, *, by: set[int] | None = None) -> dict[int, int]:
-        """Until every state partition has a live leader (among ``by``), each node
-        holding some when there are enough partitions."""
-
-        def balanced(leaders: dict[int, int]) -> bool:
-            alive = by if by is not None else {i for i, _ in enumerate(self.nodes)}
-            return len(leaders) == PARTITIONS and set(leaders.values()) == alive
-
-        return await wait_until(
-            lambda: asyncio.to_thread(self.leaders),
-            "every state partition to have a live leader",
-            until=balanced,
-        )
-
-
-async def start_cluster(
-    spawn: Spawn, tmp_path: Path, server: PostgresServer, count: int, *flags: str
-) -> Cluster:
-    schema = fresh_schema()
-    nodes = []
-    for node_id in range(count):
-        nodes.append(
-            await spawn(
-                tmp_path / f"node{node_id}",
-                "--state-store",
-                server.uri(),
-                "--state-store-schema",
-                schema,
-                "--node-id",
-                str(node_id),
-                *flags,
-                partitions=PARTITIONS,
-            )
-        )
-    cluster = Cluster(server, schema, nodes)
-    await cluster.wait_led()
-    return cluster
-
-
-@contextlib.asynccontextmanager
-async def own_server(name: str) -> AsyncIterator[PostgresServer]:
-    """A PostgreSQL server of the test's own, for one it kills or freezes."""
-    directory = server_root()
-    root = await asyncio.to_thread(directory.__enter__)
-    try:
-        server = await asyncio.to_thread(PostgresServer.primary, root, name)
-        try:
-            yield server
-        finally:
-            await asyncio.to_thread(server.destroy)
-    finally:
-        await asyncio.to_thread(directory.__exit__, None, None, None)
-
-
-@dataclass
-class Writers:
-    """One writer per share-partition, each awaiting its write before the next (the
-    client's at-least-once rule), all through the client library; the model keeps what
-    was acknowledged, and when each share-partition was last written."""
-
-    client: ShareCoordinatorClient
-    model: AcknowledgedGroup
-    rng: random.Random = field(default_factory=lambda: random.Random(23))
-    # Each acknowledged write's (sent, answered) times, per share-partition.
-    written_at: dict[int, list[tuple[float, float]]] = field(default_factory=dict)
-    failed: int = 0
-    running: bool = True
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
-
-    async def stop(self) -> None:
-        self.running = False
-        await asyncio.gather(*self.tasks)
-
-    async def run(self, partition: int) -> None:
-        while self.running:
-            entry, expected = next_write(self.rng, partition, self.model.exact(partition))
-            sent = time.monotonic()
-            try:
-                await self.client.write(
-                    GROUP,
-                    TOPIC,
-                    partition,
-                    state_epoch=-1,
-                    leader_epoch=-1,
-                    start_offset=entry["start_offset"],
-                    state_batches=[StateBatch(*b.values()) for b in entry["state_batches"]],
-                    delivery_complete_count=entry["delivery_complete_count"],
-                )
-            except Exception:
-                # Not acknowledged: it may or may not have been applied.
-                self.model.unanswered(partition, expected)
-                self.failed += 1
-                self.running = False
-                raise
-            self.model.acknowledge(partition, expected)
-            self.written_at.setdefault(partition, []).append((sent, time.monotonic()))
-
-    async def check(self) -> None:
-        """Every share-partition shows what was acknowledged (through its leader now)."""
-        shown = {}
-        for partition in self.model.keys:
-            state = await self.client.admin_state(GROUP, TOPIC, partition)
-            shown[partition] = None if state is None else _as_dict(state)
-        wrong = self.model.mismatches(shown)
-        assert not wrong, "\n".join(wrong)
-
-
-def _as_dict(state: object) -> dict[str, object]:
-    return {
-        "start_offset": state.start_offset,  # type: ignore[attr-defined]
-        "state_batches": [
-            {
-                "first_offset": b.first_offset,
-                "last_offset": b.last_offset,
-                "delivery_state": b.delivery_state,
-                "delivery_count": b.delivery_count,
-            }
-            for b in state.state_batches  # type: ignore[attr-defined]
-        ],
-        "delivery_complete_count": state.delivery_complete_count,  # type: ignore[attr-defined]
-    }
-
-
-@contextlib.asynccontextmanager
-async def writing(cluster: Cluster) -> AsyncIterator[Writers]:
-    bootstrap = [node.url for node in cluster.nodes]
-    async with ShareCoordinatorClient(
-        bootstrap, num_partitions=PARTITIONS, deadline_s=60.0, retry_backoff_max_ms=200
-    ) as client:
-        model = AcknowledgedGroup(GROUP, range(SHARE_PARTITIONS))
-        api = Api(aiohttp.ClientSession(), cluster.nodes[0].url)
-        try:
-            # Each share-partition initialized, through whichever node leads it.
-            for partition in model.keys:
-                await client.initialize(GROUP, TOPIC, partition, state_epoch=1, start_offset=0)
-        finally:
-            await api.session.close()
-        writers = Writers(client, model)
-        writers.tasks = [asyncio.create_task(writers.run(p)) for p in model.keys]
-        try:
-            yield writers
-        finally:
-            await writers.stop()
-
+from tests.postgres import PostgresServer
+from tests.server.postgres_cluster import (
+    GROUP,
+    PARTITIONS,
+    SHARE_PARTITIONS,
+    own_server,
+    start_cluster,
+    state_partition_of,
+    writing,
+)
 
 # --- (1) a node lost ------------------------------------------------------------------------
 
@@ -232,21 +60,7 @@ async def node_loss(
         orphans = {p for p in writers.model.keys if leaders[state_partition_of(p)] == victim}
         await asyncio.to_thread(cluster.nodes[victim].kill)
         killed_at = time.monotonic()  # once it is dead: nothing sent later reached it
-
-        def rewritten() -> dict[int, float]:
-            """Seconds from the kill to the answer of the first write sent after it."""
-            return {
-                p: next(done for sent, done in writers.written_at[p] if sent > killed_at)
-                - killed_at
-                for p in orphans
-                if writers.written_at[p][-1][0] > killed_at
-            }
-
-        again = await wait_until(
-            rewritten,
-            "every share-partition of the killed node written again",
-            until=lambda found: len(found) == len(orphans),
-        )
+        again = await writers.wait_written_again(killed_at, orphans)
         await writers.stop()
         assert writers.failed == 0
         survivors = {i for i in range(3) if i != victim}

@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.harness import (
     OTHER_TOPIC,
@@ -22,6 +25,7 @@ from tests.harness import (
     read_entry,
     write_entry,
 )
+from tests.server.conftest import Served, ServeFactory, StoreUnderTest
 
 WORKED_EXAMPLE = Path(__file__).resolve().parents[1] / "data" / "kip932-worked-example.json"
 
@@ -37,6 +41,16 @@ SUMMARY_ERROR_DEFAULTS = {
     "start_offset": 0,
     "delivery_complete_count": -1,
 }
+
+
+@pytest.fixture
+def serve(serve: ServeFactory, store: StoreUnderTest) -> ServeFactory:
+    """Every node of this module on each state store (the ``store`` fixture)."""
+
+    async def start(**flags: Any) -> Served:
+        return await serve(**{**store.flags, **flags})
+
+    return start
 
 
 # --- happy paths ----------------------------------------------------------------------------
@@ -361,6 +375,8 @@ async def test_edge_checks_of_every_rpc(serve, fmt):
     assert await api.state(g, TOPIC, 0) is None
 
 
+# The topic catalog lives in the data directory only (the PostgreSQL store refuses it).
+@pytest.mark.parametrize("store", ["local"], indirect=True)
 async def test_read_summary_error_results_carry_the_schema_defaults(serve, fmt):
     """With the catalog on, an unknown topic's summary fails (3) with 0/0/0/-1."""
     api = (await serve(topic_catalog=True)).api(fmt)

@@ -73,8 +73,9 @@ def dockerfile_instructions() -> list[tuple[str, str]]:
 
 
 def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The daemon and Spark's services (the cluster profile's: tests/test_compose_cluster.py)."""
     found: dict[str, dict[str, Any]] = compose["services"]
-    return found
+    return {name: s for name, s in found.items() if "cluster" not in s.get("profiles", [])}
 
 
 def spark_master_url(compose: dict[str, Any]) -> str:
@@ -121,7 +122,7 @@ def test_the_image_installs_the_project_from_files_that_exist(pyproject: dict[st
         assert not any(fnmatch.fnmatch(path, pattern) for pattern in ignored), path
     runs = " ".join(rest for word, rest in instructions if word == "RUN")
     # The jobs run from this image: it needs the spark extra, not only the daemon.
-    assert "pip install --no-cache-dir '.[spark]'" in runs
+    assert "pip install --no-cache-dir '.[spark,postgres]'" in runs
     assert "chown spark:spark /data" in runs
     users = [rest for word, rest in instructions if word == "USER"]
     assert users[-1] == "spark"  # the services do not run as root
@@ -141,7 +142,7 @@ def test_every_service_runs_the_one_image_and_shares_the_data_volume(
     for name, service in services(compose).items():
         assert service["image"] == image, name
         assert service["volumes"] == [f"{DATA_VOLUME}:/data"], name
-    assert compose["volumes"] == {DATA_VOLUME: None}
+    assert compose["volumes"][DATA_VOLUME] is None
 
 
 def test_one_service_builds_the_image_the_others_reuse(compose: dict[str, Any]) -> None:
@@ -160,14 +161,15 @@ def test_published_ports_listen_on_loopback_only(compose: dict[str, Any]) -> Non
     """The API's admin endpoints (DELETE /v1/admin/topics/{id}) and Spark's UIs are not
     for the network at large."""
     published = 0
-    for name, service in services(compose).items():
+    for name, service in compose["services"].items():
         for port in service.get("ports", []):
             assert isinstance(port, str), (name, port)  # the short syntax, host IP first
             host_ip, host_port, container_port = port.split(":")
             assert ipaddress.ip_address(host_ip).is_loopback, (name, port)
             assert host_port == container_port
             published += 1
-    assert published == 3  # the daemon, the master's UI and the worker's UI
+    # The daemon, the master's UI and the worker's UI; the cluster profile's two nodes.
+    assert published == 5
 
 
 def test_the_sharecoord_commands_are_ones_the_cli_takes(compose: dict[str, Any]) -> None:
