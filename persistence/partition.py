@@ -98,6 +98,9 @@ class PendingBatch:
 
 
 class PartitionLog:
+    # open() reads a load in runs of plain tuples itself (persistence.store.open_in_runs).
+    opens_in_runs = True
+
     def __init__(
         self,
         partition: int,

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, Protocol, TypeVar, cast
 
 from persistence.frame import LogRecord
 from persistence.segments import SegmentInfo, SegmentState
@@ -199,8 +199,13 @@ class StateStore(Protocol[BatchT]):
     def close(self) -> None: ...
 
 
-@runtime_checkable
 class _OpensInRuns(Protocol):
+    """A store that reads a load in runs itself. It says so with ``opens_in_runs = True``
+    (a structural check would not do: every store has an ``open``, with other
+    parameters)."""
+
+    opens_in_runs: bool
+
     def open(
         self,
         on_record: Callable[[LogRecord], None] | None = None,
@@ -219,8 +224,8 @@ def open_in_runs(
     """``store.open``, handing what it hands a load in runs of plain tuples (a loader's
     way, protocol/loading.py). The local log reads them so; another store's records are
     gathered into runs here."""
-    if isinstance(store, _OpensInRuns):
-        return store.open(on_records=on_records)
+    if getattr(store, "opens_in_runs", False):
+        return cast(_OpensInRuns, store).open(on_records=on_records)
     run: list[RawRecord] = []
 
     def take(record: LogRecord) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 
 from persistence import LogRecord, StateLog
 from persistence.postgres import PostgresStore
-from persistence.store import StateStore
+from persistence.store import StateStore, open_in_runs
+from protocol.loading import RawRecord
 from protocol.records import SNAPSHOT_RECORD_TYPE
 from tests.postgres import PostgresServer
 
@@ -44,6 +45,15 @@ class StoreOpener:
         for p in range(self.num_partitions):
             sink = replayed.setdefault(p, []) if replayed is not None else []
             store.partition(p).open(sink.append)
+        return store
+
+    def open_in_runs(self, replayed: dict[int, list[RawRecord]]) -> StateStore[Any]:
+        """``open``, each partition loaded the way a runtime loads it: in runs of plain
+        tuples (``persistence.store.open_in_runs``)."""
+        store = self.open_store()
+        self.opened.append(store)
+        for p in range(self.num_partitions):
+            open_in_runs(store.partition(p), replayed.setdefault(p, []).extend)
         return store
 
     def close_all(self) -> None:

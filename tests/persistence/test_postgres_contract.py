@@ -15,6 +15,7 @@ import pytest
 
 from persistence import GroupCommitter, LogError, LogRecord
 from persistence.store import StateStore
+from protocol.loading import RawRecord
 from tests.persistence.log_helpers import append_records
 from tests.persistence.stores import STORES, StoreOpener, from_last_snapshot, opener
 from tests.postgres import PostgresServer
@@ -95,6 +96,25 @@ async def test_what_was_committed_reads_back_and_replays_after_a_restart(
     more = {0: append_records(again.partition(0), 2, 500)}
     assert [r.offset for r in more[0]] == [len(appended[0]), len(appended[0]) + 1]
     assert await commit(again, more) == {}
+
+
+async def test_a_load_in_runs_hands_what_a_load_record_by_record_does(
+    stores: StoreOpener,
+) -> None:
+    """A runtime loads through ``open_in_runs``: each store must hand the same records
+    that way, whether it reads in runs itself or hands them one by one."""
+    store = await asyncio.to_thread(stores.open)
+    batch = {p: append_records(store.partition(p), 9, 10 * p) for p in (0, 2)}
+    assert await commit(store, batch) == {}
+    await asyncio.to_thread(store.close)
+    one_by_one: dict[int, list[LogRecord]] = {}
+    await asyncio.to_thread(lambda: stores.open(one_by_one).close())
+    in_runs: dict[int, list[RawRecord]] = {}
+    again = await asyncio.to_thread(stores.open_in_runs, in_runs)
+    for p in range(PARTITIONS):
+        expected = [(r.offset, r.timestamp, r.record_type, r.key, r.value) for r in one_by_one[p]]
+        assert in_runs[p] == expected
+        assert again.partition(p).log_end_offset == len(batch.get(p, []))
 
 
 async def test_a_reset_drops_what_was_not_durable_and_appends_go_on(stores: StoreOpener) -> None:
