@@ -169,7 +169,13 @@ class Node:
         leadership = self.leadership = store.leadership(self)
         owned = [] if leadership is not None else sorted(self.cluster.owned_by(config.node_id))
         try:
-            catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir, self.fs)
+            # The catalog is a file of the data directory; on leases an empty one, never
+            # written (the admin endpoints refuse to change it there).
+            catalog = (
+                TopicCatalog(config.data_dir, fs=self.fs)
+                if leadership is not None
+                else await asyncio.to_thread(TopicCatalog.load, config.data_dir, self.fs)
+            )
             self._build(store, catalog, owned)
         except BaseException:
             await store.close()
