@@ -167,6 +167,10 @@ class Node:
             on_disk_full=disk_full,
         )
         leadership = self.leadership = store.leadership(self)
+        if leadership is not None and config.cluster is not None:
+            # On leases a cluster file is a preference only (server/leadership.py).
+            cluster = self.cluster
+            leadership.preferred = {p: cluster.owner(p).id for p in range(cluster.num_partitions)}
         owned = [] if leadership is not None else sorted(self.cluster.owned_by(config.node_id))
         try:
             # The catalog is a file of the data directory; on leases an empty one, never
