@@ -80,7 +80,6 @@ COMPACT_SETTINGS = command(
     "compact",
     (
         DATA_DIR,
-        JOB_STATE_STORE,
         MASTER,
         _int(
             "tombstone_retention_ms",
@@ -125,6 +124,7 @@ COMPACT_SETTINGS = command(
             doc="The daemon's segment_bytes: only said when nothing is sealed yet.",
             meaning="the daemon's `segment_bytes`, said when nothing is sealed yet",
         ),
+        JOB_STATE_STORE,
     ),
 )
 
@@ -132,7 +132,6 @@ AUDIT_SETTINGS = command(
     "audit",
     (
         DATA_DIR,
-        JOB_STATE_STORE,
         Setting(
             "out",
             None,
@@ -161,6 +160,7 @@ AUDIT_SETTINGS = command(
             meaning="audit only the records written since the last audit into `--out`; the "
             "first run audits everything",
         ),
+        JOB_STATE_STORE,
     ),
 )
 
