@@ -299,3 +299,41 @@ class Health(Struct):
     """``GET /healthz``."""
 
     status: str
+
+
+class PartitionLeader(Struct):
+    """One state partition in ``GET /v1/admin/cluster``: its leader as the leaders
+    table holds it. ``node_id`` is null for a partition nobody ever led, ``lease_expiry``
+    (RFC 3339, UTC) null for one never led or released; ``lease_remaining_ms`` is by
+    PostgreSQL's clock, negative once expired; ``live``: the lease has not expired."""
+
+    state_partition: int
+    node_id: int | None
+    epoch: int
+    lease_expiry: str | None
+    lease_remaining_ms: float | None
+    live: bool
+
+
+class ClusterNode(Struct):
+    """One node in ``GET /v1/admin/cluster``: where it listens and its last heartbeat
+    (RFC 3339, UTC), with its age by PostgreSQL's clock; ``live``: younger than the
+    lease."""
+
+    node_id: int
+    http_listener: str | None
+    kafka_listener: str | None
+    last_heartbeat: str
+    heartbeat_age_ms: float
+    live: bool
+
+
+class ClusterStatus(Struct):
+    """``GET /v1/admin/cluster`` (and ``sharecoord cluster status --json``): every
+    state partition's leader and every node, and how many partitions have no live
+    leader."""
+
+    lease_ms: int
+    partitions_without_leader: int
+    partitions: list[PartitionLeader]
+    nodes: list[ClusterNode]

@@ -11,11 +11,17 @@ Every node of a cluster runs one ``Leadership``. A round, every third of ``lease
    for the drift of the clocks, by this node's monotonic clock measured from when the
    renewal was *sent*: PostgreSQL set the lease's expiry later than that, so the node
    stops before the lease can have expired;
-3. claim expired partitions (the claim raises the epoch in the same statement) up to
-   this node's fair share, ceil(partitions / live nodes); a partition still expired a
-   round later is claimed beyond it (nobody else took it); a node holding more than
-   its share while another live node holds less than the floor of it hands the excess
-   back: it stops serving them, then releases them, and the others claim them.
+3. with a cluster file (the *preference*: who should lead what; it never decides
+   safety), a partition whose preferred node is live belongs to that node: another
+   node holding it hands it back (it stops serving it, then releases it), and only the
+   preferred node claims it while it is expired (as long as it stays live; a partition
+   still expired two rounds later is claimed by anyone, as below);
+4. the other partitions are shared out by count: claim expired ones (the claim raises
+   the epoch in the same statement) up to this node's fair share of them,
+   ceil(partitions / live nodes); a partition still expired two rounds later is
+   claimed beyond it (nobody else took it); a node holding more than its share while
+   another live node holds less than the floor of it hands the excess back: it stops
+   serving them, then releases them, and the others claim them.
 
 A claimed partition is handed to the ``PartitionHost`` (the node), which builds its
 runtime and loads it from PostgreSQL (it answers 14 meanwhile); a dropped one leaves the
@@ -113,6 +119,8 @@ class Leadership:
         self.takeovers = 0  # partitions claimed from another node whose lease expired
         self.without_leader = 0  # partitions without a live lease at the last round
         self._view = ClusterView()
+        # {partition: the node the cluster file prefers to lead it}; empty without one.
+        self.preferred: dict[int, int] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._wake = asyncio.Event()
         self._dropping: dict[int, asyncio.Task[None]] = {}
@@ -269,37 +277,52 @@ class Leadership:
     async def _balance(self, view: ClusterView) -> None:
         live_nodes = {n.node_id for n in view.nodes if n.heartbeat_age_ms < self.lease_ms}
         live_nodes.add(self.node_id)
+        # Partitions whose preferred node is live are its own, out of the sharing.
+        pinned = {p: n for p, n in self.preferred.items() if n in live_nodes}
+        elsewhere = sorted(p for p in self._held if pinned.get(p, self.node_id) != self.node_id)
+        if elsewhere:
+            await self._hand_back(elsewhere)
+            return
         held_by: dict[int, int] = {}
         expired: list[Lease] = []
         for lease in view.leases:
             if lease.live and lease.node_id is not None:
-                held_by[lease.node_id] = held_by.get(lease.node_id, 0) + 1
+                if lease.state_partition not in pinned:
+                    held_by[lease.node_id] = held_by.get(lease.node_id, 0) + 1
             elif lease.state_partition not in self._held:
                 expired.append(lease)
         self.without_leader = len(expired)
-        share = math.ceil(self.num_partitions / len(live_nodes))
-        floor = self.num_partitions // len(live_nodes)
-        mine = len(self._held)
-        if mine > share and any(held_by.get(n, 0) < floor for n in live_nodes - {self.node_id}):
-            await self._hand_back(sorted(self._held)[share:])
+        shared = self.num_partitions - len(pinned)
+        share = math.ceil(shared / len(live_nodes))
+        floor = shared // len(live_nodes)
+        mine = sorted(p for p in self._held if p not in pinned)
+        if len(mine) > share and any(
+            held_by.get(n, 0) < floor for n in live_nodes - {self.node_id}
+        ):
+            await self._hand_back(mine[share:])
             return
         # Nodes start their search at different partitions: fewer claims collide.
         expired.sort(
             key=lambda lease: (lease.state_partition - 7 * self.node_id) % self.num_partitions
         )
-        wanted = expired[: max(0, share - mine)]
-        # Beyond the share: what stayed expired two rounds already (nobody else took it).
+        preferred = [e for e in expired if pinned.get(e.state_partition) == self.node_id]
+        unpinned = [e for e in expired if e.state_partition not in pinned]
+        wanted = unpinned[: max(0, share - len(mine))]
+        # Beyond: what stayed expired two rounds already (nobody else took it, not even
+        # the node that should have).
+        taken = {e.state_partition for e in [*preferred, *wanted]}
         extra = [
             lease
-            for lease in expired[len(wanted) :]
-            if self._expired_rounds.get(lease.state_partition, 0) >= 2
+            for lease in expired
+            if lease.state_partition not in taken
+            and self._expired_rounds.get(lease.state_partition, 0) >= 2
         ]
         self._expired_rounds = {
             lease.state_partition: self._expired_rounds.get(lease.state_partition, 0) + 1
             for lease in expired
         }
         claimed = 0
-        for lease in [*wanted, *extra]:
+        for lease in [*preferred, *wanted, *extra]:
             claimed += await self._claim(lease)
         self.without_leader = len(expired) - claimed
 
@@ -325,14 +348,21 @@ class Leadership:
         return True
 
     async def _hand_back(self, partitions: list[int]) -> None:
-        """More than a fair share while another live node has less: stop serving the
-        excess, then release it (a clean hand-over)."""
+        """Partitions another node should lead (their preferred node is live again, or
+        this node holds more than its share while another has less): a clean hand-over.
+        This node stops serving them at once (``may_serve`` is false from here on), its
+        runtimes close, and only then are the leases released: the other node claims
+        them with a higher epoch, so nothing this node might still try to commit can
+        land after the claim."""
         for partition in partitions:
             self._drop(partition)
         await asyncio.gather(*(self._dropping[p] for p in partitions if p in self._dropping))
-        with self._store.connection("handing partitions back") as conn:
-            released = leases.release(conn, self._store.tables, self.node_id, partitions)
+        released = await asyncio.to_thread(self._release, partitions)
         _log.info("handed back state partitions %s", format_partitions(released))
+
+    def _release(self, partitions: list[int]) -> list[int]:
+        with self._store.connection("handing partitions back") as conn:
+            return leases.release(conn, self._store.tables, self.node_id, partitions)
 
     def _next_round_in(self, view: ClusterView) -> float:
         """Seconds until another node's lease expires (a round then claims it)."""

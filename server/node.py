@@ -168,9 +168,19 @@ class Node:
             on_disk_full=disk_full,
         )
         leadership = self.leadership = store.leadership(self)
+        if leadership is not None and config.cluster is not None:
+            # On leases a cluster file is a preference only (server/leadership.py).
+            cluster = self.cluster
+            leadership.preferred = {p: cluster.owner(p).id for p in range(cluster.num_partitions)}
         owned = [] if leadership is not None else sorted(self.cluster.owned_by(config.node_id))
         try:
-            catalog = await asyncio.to_thread(TopicCatalog.load, config.data_dir, self.fs)
+            # The catalog is a file of the data directory; on leases an empty one, never
+            # written (the admin endpoints refuse to change it there).
+            catalog = (
+                TopicCatalog(config.data_dir, fs=self.fs)
+                if leadership is not None
+                else await asyncio.to_thread(TopicCatalog.load, config.data_dir, self.fs)
+            )
             self._build(store, catalog, owned)
         except BaseException:
             await store.close()

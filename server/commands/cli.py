@@ -1,6 +1,6 @@
 """The ``sharecoord`` command (docs/api.md#cli): its parser, and the dispatch to the
 command named. Each family of commands is a module of ``server.commands`` (serve,
-compact and audit, log, state, partition, scram) that adds its parsers and runs them;
+compact and audit, log, state, partition, cluster, scram) that adds its parsers and runs them;
 what a command needs beyond its flags is imported when it runs (``log verify`` loads no
 aiohttp).
 
@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from server.commands import log, partition, scram, serve, spark, state
+from server.commands import cluster, log, partition, scram, serve, spark, state
 from server.commands.common import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -87,9 +87,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_Version)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    for family in (serve, spark, log, state, partition, scram):
+    for family in (serve, spark, log, state, partition, cluster, scram):
         family.add_commands(commands)
-    names = ["serve", "compact", "audit", "log", "state", "partition", "scram"]
+    names = ["serve", "compact", "audit", "log", "state", "partition", "cluster", "scram"]
     parser.set_defaults(command=needs_a_command(parser, names), prog=parser.prog)
     return parser
 

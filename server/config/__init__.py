@@ -14,6 +14,7 @@ config file's reader (one file may hold the keys of every command) and to the do
 
 from server.config.commands import (
     AUDIT_SETTINGS,
+    CLUSTER_STATUS_SETTINGS,
     COMPACT_SETTINGS,
     DATA_DIR,
     LOG_DUMP_SETTINGS,
@@ -65,6 +66,7 @@ from server.config.serve import (
 
 __all__ = [
     "AUDIT_SETTINGS",
+    "CLUSTER_STATUS_SETTINGS",
     "COMPACT_SETTINGS",
     "CONFIG_ENV_VAR",
     "DATA_DIR",

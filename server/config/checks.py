@@ -15,7 +15,9 @@ from server.config.parsers import parse_listen
 
 def check_state_store(values: dict[str, Any], where: Callable[[str], str]) -> None:
     """A state store URI names PostgreSQL (shown masked when it does not), and what
-    has no meaning on it yet is not asked for with it."""
+    has no meaning on it yet is not asked for with it. A cluster file is allowed with
+    it: there it says which node should lead what when it is live (a preference, never
+    a safety rule; server/leadership.py)."""
     uri = values["state_store"]
     if uri is None:
         return
@@ -23,12 +25,6 @@ def check_state_store(values: dict[str, Any], where: Callable[[str], str]) -> No
         raise ConfigError(
             f"{where('state_store')} = {masked(uri)} is not a PostgreSQL URI: give "
             "postgresql://USER@HOST:PORT/DATABASE, or leave it unset for the data directory"
-        )
-    if values["cluster"] is not None:
-        raise ConfigError(
-            f"{where('cluster')} and {where('state_store')} are both set: on the PostgreSQL "
-            "store the nodes lead state partitions by leases, with no cluster file; give "
-            "one of them"
         )
     if values["topic_catalog"]:
         raise ConfigError(

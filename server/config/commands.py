@@ -33,6 +33,15 @@ from server.config.serve import SERVE_SETTINGS
 
 _SERVE = {s.name: s for s in SERVE_SETTINGS}
 DATA_DIR = _SERVE["data_dir"]
+# The Spark jobs read a data directory; given the PostgreSQL store (a flag, the setting
+# or the environment, as serve takes it) they say they cannot run on it yet.
+JOB_STATE_STORE = replace(
+    _SERVE["state_store"],
+    doc="serve's state_store: not set, the jobs read --data-dir; the Spark jobs over the "
+    "PostgreSQL store are not there yet, and a postgresql:// URI here says so (exit 2).",
+    meaning="serve's `state_store`: the jobs read `--data-dir`; on a `postgresql://` URI "
+    "they say in one line that they do not run on the PostgreSQL store yet (exit 2)",
+)
 
 
 def _int(
@@ -115,6 +124,7 @@ COMPACT_SETTINGS = command(
             doc="The daemon's segment_bytes: only said when nothing is sealed yet.",
             meaning="the daemon's `segment_bytes`, said when nothing is sealed yet",
         ),
+        JOB_STATE_STORE,
     ),
 )
 
@@ -150,6 +160,7 @@ AUDIT_SETTINGS = command(
             meaning="audit only the records written since the last audit into `--out`; the "
             "first run audits everything",
         ),
+        JOB_STATE_STORE,
     ),
 )
 
@@ -264,5 +275,37 @@ PARTITION_ADOPT_SETTINGS = command(
             required=True,
         ),
         _PARTITION_NODE,
+    ),
+)
+
+CLUSTER_STATUS_SETTINGS = command(
+    "cluster status",
+    (
+        replace(
+            _SERVE["state_store"],
+            doc="The cluster's PostgreSQL store, as its nodes were given it "
+            "(postgresql://USER@HOST:PORT/DB, multi-host form included); its password is "
+            "never shown.",
+            meaning="the cluster's PostgreSQL store, the URI its nodes were given; its "
+            "password is never shown",
+            required=True,
+        ),
+        _SERVE["state_store_schema"],
+        replace(
+            _SERVE["lease_ms"],
+            doc="The nodes' lease_ms: a node whose last heartbeat is older is shown dead.",
+            meaning="the nodes' `lease_ms`: a node whose last heartbeat is older is dead",
+        ),
+        replace(
+            _SERVE["state_store_timeout_ms"],
+            doc="The most connecting and each statement may take.",
+            meaning="the most connecting and each statement may take",
+        ),
+        Setting(
+            "json",
+            False,
+            "One JSON object (GET /v1/admin/cluster's answer) instead of the table.",
+            parse_bool,
+        ),
     ),
 )

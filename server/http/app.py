@@ -12,6 +12,7 @@ from protocol.messages import (
     Acknowledged,
     AdminState,
     AnyPartitionResult,
+    ClusterStatus,
     CompactionCommitted,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
@@ -34,6 +35,7 @@ from server.http.edge import EDGE, Edge, RequestHandler, answered, deliver, erro
 from server.http.handlers import (
     ReadinessReport,
     handle_admin_state,
+    handle_cluster,
     handle_commit_compaction,
     handle_delete_topic,
     handle_find_coordinator,
@@ -184,6 +186,22 @@ ROUTES: tuple[Route, ...] = (
         operation_id="listPartitions",
         summary="The status of every state partition this node owns.",
         answers=(Answer(200, "One entry per owned state partition.", PartitionStatuses),),
+    ),
+    Route(
+        "GET",
+        "/v1/admin/cluster",
+        handle_cluster,
+        operation_id="getCluster",
+        summary="On the PostgreSQL store: every state partition's leader, epoch and lease, "
+        "and every node's listeners and last heartbeat (docs/api.md#admin-endpoints).",
+        answers=(
+            Answer(
+                200,
+                "The leaders and nodes tables, partitions without a live leader first.",
+                ClusterStatus,
+            ),
+        ),
+        refusals=(409, 503),
     ),
     Route(
         "GET",

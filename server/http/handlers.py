@@ -13,6 +13,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from persistence.errors import StoreUnavailableError
 from protocol import codec, errors
 from protocol.codec import BodyError
 from protocol.explain import text_problem
@@ -26,6 +27,7 @@ from protocol.messages import (
 )
 from protocol.records import ShareKey
 from protocol.topic_id import canonical_topic_id
+from server.cluster_status import cluster_status
 from server.http.bodies import read_body
 from server.http.edge import (
     CONTENT_TYPES,
@@ -179,6 +181,9 @@ def _query_int32(query: Any, name: str) -> int:
 @handles_http_errors
 async def handle_register_topic(request: web.Request) -> web.StreamResponse:
     body, fmt, out = await read_body(request, request.app[EDGE])
+    refused = _no_catalog_here(request, out)
+    if refused is not None:
+        return refused
     try:
         _, topic_id, partition_count = codec.decode_topic_registration(body, fmt)
     except BodyError as exc:
@@ -193,6 +198,9 @@ async def handle_register_topic(request: web.Request) -> web.StreamResponse:
 
 async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
     fmt = accept_format(request)
+    refused = _no_catalog_here(request, fmt)
+    if refused is not None:
+        return refused
     try:
         topic_id = canonical_topic_id(request.match_info["topic_id"])
     except ValueError as exc:
@@ -205,6 +213,21 @@ async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
     return respond(codec.encode(TopicDeleted(0, deleted), fmt), fmt)
 
 
+def _no_catalog_here(request: web.Request, fmt: codec.Format) -> web.Response | None:
+    """The topic catalog is a file of the data directory: a node on the PostgreSQL
+    store keeps none (its nodes would each hold a different one), so it refuses to
+    change it rather than write a file no other node reads."""
+    if request.app[EDGE].node.leadership is None:
+        return None
+    return error_response(
+        409,
+        errors.INVALID_REQUEST,
+        "the topic catalog is kept in the data directory only: a node on the PostgreSQL "
+        "store keeps none yet, so topics are neither registered nor deleted here",
+        fmt,
+    )
+
+
 async def handle_commit_compaction(request: web.Request) -> web.StreamResponse:
     fmt = accept_format(request)
     committed, stale = await request.app[EDGE].node.service.commit_compaction()
@@ -215,6 +238,31 @@ async def handle_partitions(request: web.Request) -> web.StreamResponse:
     fmt = accept_format(request)
     service = request.app[EDGE].node.service
     return respond(codec.encode(PartitionStatuses(service.partition_statuses()), fmt), fmt)
+
+
+async def handle_cluster(request: web.Request) -> web.StreamResponse:
+    fmt = accept_format(request)
+    leadership = request.app[EDGE].node.leadership
+    if leadership is None:
+        return error_response(
+            409,
+            errors.INVALID_REQUEST,
+            "this node runs on its data directory: its cluster file (or none) assigns the "
+            "state partitions, with no leases and no heartbeats to show; GET "
+            "/v1/admin/partitions shows what it owns",
+            fmt,
+        )
+    try:
+        view = await leadership.view()
+    except (StoreUnavailableError, OSError) as exc:
+        return error_response(
+            503,
+            errors.COORDINATOR_NOT_AVAILABLE,
+            f"the state store cannot be asked who leads: {exc}",
+            fmt,
+        )
+    status = cluster_status(view.leases, view.nodes, leadership.lease_ms)
+    return respond(codec.encode(status, fmt), fmt)
 
 
 async def handle_healthz(request: web.Request) -> web.StreamResponse:

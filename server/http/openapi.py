@@ -94,6 +94,12 @@ REFUSALS: dict[int, tuple[str, str]] = {
         "ExpectationFailed",
         f"An Expect header other than 100-continue (code {errors.INVALID_REQUEST}).",
     ),
+    409: (
+        "NotOnThisStore",
+        "What this node's state store does not keep: the cluster's leases on a node of the "
+        "data directory, the topic catalog on the PostgreSQL store "
+        f"(code {errors.INVALID_REQUEST}).",
+    ),
     421: (
         "NotCoordinator",
         f"Another node owns the key's state partition (code {errors.NOT_COORDINATOR}).",
@@ -106,7 +112,8 @@ REFUSALS: dict[int, tuple[str, str]] = {
     503: (
         "Unavailable",
         f"The state partition is loading (code {errors.COORDINATOR_LOAD_IN_PROGRESS}) "
-        f"or failed (code {errors.COORDINATOR_NOT_AVAILABLE}).",
+        f"or failed, or the PostgreSQL store cannot be reached "
+        f"(code {errors.COORDINATOR_NOT_AVAILABLE}).",
     ),
 }
 

@@ -51,6 +51,7 @@ def row(
 
 
 STATE = f"state get --group g --topic {TOPIC} --partition 0"
+SECRET = "pw-never-shown"  # a password in a URI: each line shows it masked
 NO_JAVA = {"env": {"PATH": "{dir}"}, "unset": ("JAVA_HOME",)}
 
 ROWS = [
@@ -397,6 +398,58 @@ ROWS = [
         hide_modules=("matplotlib",),
     ),
     row("audit-delivery-limit-zero", "audit --data-dir {data} --delivery-limit 0", 2, "delivery"),
+    # --- compact and audit on the PostgreSQL store: not there yet, said before Spark starts
+    row(
+        "compact-on-postgres",
+        f"compact --data-dir {{data}} --state-store postgresql://u:{SECRET}@db/x",
+        2,
+        "not there yet",
+        "u:***@db",
+    ),
+    row(
+        "audit-on-postgres-from-env",
+        "audit --data-dir {data} --out {dir}/r",
+        2,
+        "sharecoord audit",
+        "not there yet",
+        env={"SHARECOORD_STATE_STORE": "postgresql://u@db/x"},
+    ),
+    # --- cluster status
+    row("cluster-without-subcommand", "cluster", 2, "sharecoord cluster:", "status"),
+    row("cluster-status-no-store", "cluster status", 2, "--state-store is required"),
+    row(
+        "cluster-status-not-postgres",
+        f"cluster status --state-store mysql://root:{SECRET}@db/x",
+        2,
+        "not a PostgreSQL URI",
+        "root:***@db",
+    ),
+    row(
+        "cluster-status-not-postgres-from-env",
+        "cluster status",
+        2,
+        "not a PostgreSQL URI",
+        env={"SHARECOORD_STATE_STORE": "redis://db"},
+    ),
+    row(
+        "cluster-status-bad-schema",
+        "cluster status --state-store postgresql://db/x --state-store-schema Bad-Name",
+        2,
+        "state-store-schema",
+    ),
+    row(
+        "cluster-status-unreachable",
+        f"cluster status --state-store postgresql://u:{SECRET}@127.0.0.1:{{refused}}/x",
+        1,
+        "cannot connect",
+        "u:***@127.0.0.1",
+    ),
+    row(
+        "cluster-status-lease-too-short",
+        "cluster status --state-store postgresql://db/x --lease-ms 10",
+        2,
+        "lease-ms",
+    ),
     # --- state get
     row("state-url-not-a-url", f"{STATE} --url not-a-url", 2, "url", "HOST:PORT"),
     row("state-url-ftp", f"{STATE} --url ftp://127.0.0.1:{{refused}}/", 2, "url", "ftp"),
@@ -540,17 +593,19 @@ def test_bad_input_is_one_line_and_the_documented_exit_code(r: Row, places: dict
     (line,) = lines
     for name in r.names:
         assert name.format(**places).lower() in line.lower(), line
+    assert SECRET not in everything
     assert done.stdout == ""
 
 
 def test_the_table_covers_every_command() -> None:
     def command(r: Row) -> str:
-        grouped = r.args[0] in ("log", "state", "partition") and len(r.args) > 1
+        grouped = r.args[0] in ("log", "state", "partition", "cluster") and len(r.args) > 1
         return " ".join(r.args[:2]) if grouped else r.args[0]
 
     covered = {command(r) for r in ROWS if r.args}
     assert {"serve", "compact", "audit", "log dump", "log verify", "state get"} <= covered
     assert {"partition export", "partition import", "partition adopt"} <= covered
+    assert "cluster status" in covered
 
 
 def test_the_line_is_json_when_json_logs_were_asked_for(places: dict[str, str]) -> None:
