@@ -12,7 +12,7 @@ from client import ACKNOWLEDGED, StateBatch
 from protocol.routing import partition_for
 from protocol.topic_id import canonical_topic_id
 from tests.client.conftest import TOPIC
-from tests.server.test_e2e_postgres_cluster import PARTITIONS, start_cluster
+from tests.server.postgres_cluster import PARTITIONS, start_cluster
 
 # Far longer than a takeover (a lease of 2 s), far shorter than the wait for ever the
 # client would do without asking again: without the re-lookup the write below fails.

@@ -14,7 +14,7 @@ import aiohttp
 
 from tests.harness import TOPIC, Api, Spawn, run_cli, wait_until
 from tests.postgres import PostgresServer
-from tests.server.test_e2e_postgres_cluster import PARTITIONS, Cluster, start_cluster
+from tests.server.postgres_cluster import PARTITIONS, Cluster, start_cluster
 
 
 async def cluster_answer(api: Api, fmt: str = "json") -> dict[str, Any]:

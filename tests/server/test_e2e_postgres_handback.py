@@ -23,7 +23,7 @@ from tests.harness import (
 )
 from tests.persistence.stores import fresh_schema
 from tests.postgres import PostgresServer
-from tests.server.test_e2e_postgres_cluster import (
+from tests.server.postgres_cluster import (
     GROUP,
     PARTITIONS,
     Cluster,
