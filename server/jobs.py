@@ -30,7 +30,8 @@ from persistence import LogError, PartitionFailedError, SegmentInfo
 from persistence.history import HistoryIndex
 from protocol.shard import ShareCoordinatorShard
 from server.runtime import Status
-from server.service import CoordinatorService, run_job
+from server.service import CoordinatorService
+from server.turns import run_job
 
 # Its lines are logged as the service logged them before the jobs had a module.
 _log = logging.getLogger("sharecoord.service")

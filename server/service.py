@@ -15,7 +15,6 @@ request on that state partition is 15 too, as after a failed commit.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import logging
 import time
@@ -41,12 +40,19 @@ from protocol.messages import (
     TopicResult,
     error_result,
 )
-from protocol.records import Record, ShareKey
+from protocol.records import ShareKey
 from protocol.routing import partition_for, partition_for_prefix, prefix_hash
-from protocol.shard import ShareCoordinatorShard
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, find_coordinator
 from server.runtime import PartitionRuntime, Status
+from server.turns import (
+    Deadlines,
+    Inactive,
+    Place,
+    execute_in_turn,
+    inactive_code,
+    run_job,
+)
 
 _log = logging.getLogger("sharecoord.service")
 
@@ -100,7 +106,7 @@ class CoordinatorService:
         self.num_partitions = cluster.num_partitions
         self.catalog = catalog
         self._write_timeout_s = write_timeout_ms / 1000
-        self._deadlines = _Deadlines(self._write_timeout_s, time.monotonic)
+        self._deadlines = Deadlines(self._write_timeout_s, time.monotonic)
         self._on_entry_results = on_entry_results
         self._monotonic = monotonic
         # State retention (docs/semantics.md §A, server.jobs): when each group was last
@@ -209,17 +215,17 @@ class CoordinatorService:
                                 failures[answer.error_code] = failures.get(answer.error_code, 0) + 1
                             continue
                         refused.add(state_partition)
-                    code = _inactive_code(runtime)
+                    code = inactive_code(runtime)
                 else:
                     touched_here = True
                     key = ShareKey(group_id, key_topic_id, partition)
                     try:
                         if runtime.held or runtime.is_long(rpc, key, entry):
-                            result = await _execute_in_turn(runtime, rpc, key, entry)
+                            result = await execute_in_turn(runtime, rpc, key, entry)
                             yield_at = clock() + SLICE_S
                         else:
                             result = runtime.execute(rpc, key, entry)
-                    except _Inactive as exc:
+                    except Inactive as exc:
                         code = exc.code
                     except PartitionFailedError:
                         # Its last commit failed a moment ago and the runtime has not
@@ -564,124 +570,6 @@ class CoordinatorService:
             for p, r in sorted(self.runtimes.items())
             if r.status is Status.FAILED
         ]
-
-
-class _Deadlines:
-    """The write timeout of every request waiting for durability, kept by one task
-    instead of a timer per request (arming and cancelling a timer took ~2 us on uvloop,
-    a few percent of a small write's CPU). Every wait has the same
-    timeout, so the queue is in deadline order: the sweep, a few times per timeout,
-    drops the answered waits at its head and settles the expired ones with no failure,
-    which leaves the barrier's ``pending`` saying which partitions did not make it. A
-    wait ends between its timeout and a quarter of it (at most 100 ms) later."""
-
-    def __init__(self, timeout_s: float, clock: Callable[[], float]) -> None:
-        self.timeout_s = timeout_s
-        self.sweep_every_s = min(timeout_s / 4, 0.1)
-        self._clock = clock
-        self._waits: collections.deque[tuple[float, asyncio.Future[Any]]] = collections.deque()
-
-    def add(self, future: asyncio.Future[Any]) -> None:
-        self._waits.append((self._clock() + self.timeout_s, future))
-
-    def sweep(self) -> None:
-        now = self._clock()
-        waits = self._waits
-        while waits:
-            deadline, future = waits[0]
-            if not future.done():
-                if deadline > now:
-                    return
-                future.set_result({})
-            waits.popleft()
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.sweep_every_s)
-            self.sweep()
-
-
-class InOrder:
-    """The requests of one connection, run in the order they came (Kafka runs a
-    connection's requests one after the other): each takes a ``Place`` when it comes,
-    and ``handle`` runs its entries once the one before has run its own."""
-
-    __slots__ = ("_last",)
-
-    def __init__(self) -> None:
-        self._last: asyncio.Future[None] | None = None
-
-    def enter(self) -> Place:
-        executed = asyncio.get_running_loop().create_future()
-        place = Place(self._last, executed)
-        self._last = executed
-        return place
-
-
-class Place:
-    """One request's place in an ``InOrder``."""
-
-    __slots__ = ("_before", "executed")
-
-    def __init__(
-        self, before: asyncio.Future[None] | None, executed: asyncio.Future[None]
-    ) -> None:
-        self._before = before
-        self.executed = executed
-
-    async def turn(self) -> None:
-        before = self._before
-        if before is not None and not before.done():
-            await before
-        self._before = None
-
-    def leave(self) -> None:
-        """Let the next request run (also when this one failed or never ran)."""
-        if not self.executed.done():
-            self.executed.set_result(None)
-
-
-class _Inactive(Exception):
-    def __init__(self, code: int) -> None:
-        self.code = code
-
-
-def _inactive_code(runtime: PartitionRuntime) -> int:
-    if runtime.status is Status.LOADING:
-        return errors.COORDINATOR_LOAD_IN_PROGRESS
-    return errors.COORDINATOR_NOT_AVAILABLE
-
-
-async def _execute_in_turn(
-    runtime: PartitionRuntime, rpc: Rpc, key: ShareKey, entry: Any
-) -> AnyPartitionResult:
-    """One entry on a partition that is taken, or that this entry takes for long work:
-    after everyone before it, off the loop when it is long."""
-    await runtime.turn()
-    try:
-        if runtime.status is not Status.ACTIVE:
-            raise _Inactive(_inactive_code(runtime))
-        if runtime.is_long(rpc, key, entry):
-            return await runtime.execute_offloaded(rpc, key, entry)
-        return runtime.execute(rpc, key, entry)
-    finally:
-        runtime.release()
-
-
-async def run_job(
-    runtime: PartitionRuntime, job: Callable[[ShareCoordinatorShard], list[Record]]
-) -> int:
-    """A maintenance job on a partition, in its turn if the partition is taken (an
-    offloaded write must not find its key changed under it)."""
-    if not runtime.held:
-        return runtime.run_job(job)
-    await runtime.turn()
-    try:
-        if runtime.status is not Status.ACTIVE:  # it failed while the job waited
-            raise PartitionFailedError(runtime.partition, None)
-        return runtime.run_job(job)
-    finally:
-        runtime.release()
 
 
 def _unavailable(rpc: Rpc, partition: int, code: int) -> AnyPartitionResult:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from server.kafka.auth import SaslSession
 from server.kafka.handlers import CloseConnection
-from server.service import InOrder
+from server.turns import InOrder
 
 if TYPE_CHECKING:
     from server.kafka.listener import KafkaListener

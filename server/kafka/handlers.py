@@ -33,7 +33,8 @@ from server.kafka.auth import KafkaAuth, SaslSession
 from server.metric_families import CounterChild, HistogramChild
 from server.metrics import ShareCoordinatorMetrics
 from server.offload import OFFLOAD_BODY_BYTES, Offload
-from server.service import CoordinatorService, InOrder, Place
+from server.service import CoordinatorService
+from server.turns import InOrder, Place
 
 _log = logging.getLogger("sharecoord.kafka")
 

@@ -10,7 +10,7 @@ import threading
 import time
 
 from persistence import FileOps
-from server.service import _Deadlines
+from server.turns import Deadlines
 from tests.harness import (
     TOPIC,
     batch,
@@ -89,7 +89,7 @@ async def test_a_commit_past_the_write_timeout_answers_15_then_writes_succeed(se
 async def test_the_sweep_settles_expired_waits_only():
     loop = asyncio.get_running_loop()
     now = [100.0]
-    deadlines = _Deadlines(1.0, lambda: now[0])
+    deadlines = Deadlines(1.0, lambda: now[0])
     first, answered, later = (loop.create_future() for _ in range(3))
     deadlines.add(first)
     deadlines.add(answered)
