@@ -175,7 +175,9 @@ def _merge_one(
     and walked; the rest of ``current`` is final as it is (``merge_batches``), and goes
     around the walked stretch in one concatenation."""
     if start_offset != -1:
-        current = _prune_clean(current, start_offset)
+        # A clean list prunes nothing unless its first batch starts below the start.
+        if current and current[0].first_offset < start_offset:
+            current = _prune_clean(current, start_offset)
         if batch.last_offset < start_offset:
             return list(current), True
         if batch.first_offset < start_offset:
@@ -184,6 +186,33 @@ def _merge_one(
     if not n:
         return [batch], True
     first, last = batch.first_offset, batch.last_offset
+    # Where the batch sorts: current's batches are disjoint, so only one can share its
+    # first offset, and the set order decides on the rest of the key for that one.
+    at = bisect_left(current, first, key=_first_offset)
+    if at < n and current[at].first_offset == first and _set_order(current[at]) < _set_order(batch):
+        at += 1
+    # Half the writes touch no neighbour they would merge with: the walk would pass
+    # every pair, so the output is current with the batch inserted, still clean.
+    if at < n:
+        after = current[at]
+        if after.first_offset <= last or (
+            after.first_offset == last + 1
+            and after.delivery_count == batch.delivery_count
+            and after.delivery_state == batch.delivery_state
+        ):
+            at = -1
+    if at > 0:
+        before = current[at - 1]
+        if first <= before.last_offset or (
+            first == before.last_offset + 1
+            and before.delivery_count == batch.delivery_count
+            and before.delivery_state == batch.delivery_state
+        ):
+            at = -1
+    if at >= 0:
+        merged = list(current)
+        merged.insert(at, batch)
+        return merged, True
     lo = bisect_left(current, first - 1, key=_last_offset)
     if lo:
         lo -= 1
