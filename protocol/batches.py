@@ -193,23 +193,29 @@ def _merge_one(
         at += 1
     # Half the writes touch no neighbour they would merge with: the walk would pass
     # every pair, so the output is current with the batch inserted, still clean.
-    if at < n:
-        after = current[at]
-        if after.first_offset <= last or (
-            after.first_offset == last + 1
-            and after.delivery_count == batch.delivery_count
-            and after.delivery_state == batch.delivery_state
-        ):
-            at = -1
-    if at > 0:
-        before = current[at - 1]
-        if first <= before.last_offset or (
-            first == before.last_offset + 1
-            and before.delivery_count == batch.delivery_count
-            and before.delivery_state == batch.delivery_state
-        ):
-            at = -1
-    if at >= 0:
+    after = current[at] if at < n else None
+    before = current[at - 1] if at else None
+    if (
+        after is None
+        or last + 1 < after.first_offset
+        or (
+            last + 1 == after.first_offset
+            and (
+                after.delivery_count != batch.delivery_count
+                or after.delivery_state != batch.delivery_state
+            )
+        )
+    ) and (
+        before is None
+        or before.last_offset + 1 < first
+        or (
+            before.last_offset + 1 == first
+            and (
+                before.delivery_count != batch.delivery_count
+                or before.delivery_state != batch.delivery_state
+            )
+        )
+    ):
         merged = list(current)
         merged.insert(at, batch)
         return merged, True
@@ -222,8 +228,9 @@ def _merge_one(
         swept = _swept([*current[lo:hi], batch])
         merged = [*current[:lo], *swept, *current[hi:]]
         return merged, is_clean(merged, max(lo - 1, 0), lo + len(swept) + 1)
+    # The stretch holds the batches around where the new one sorts: lo <= at <= hi.
     stretch = list(current[lo:hi])
-    at = bisect_left(stretch, _set_order(batch), key=_set_order)
+    at -= lo
     stretch.insert(at, batch)
     walked, clean = _walk(stretch, at - 1 if at else 0, len(stretch) - 1 - at)
     # The walk's flag holds for the whole list: the batch before the stretch and the
