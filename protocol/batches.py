@@ -175,7 +175,9 @@ def _merge_one(
     and walked; the rest of ``current`` is final as it is (``merge_batches``), and goes
     around the walked stretch in one concatenation."""
     if start_offset != -1:
-        current = _prune_clean(current, start_offset)
+        # A clean list prunes nothing unless its first batch starts below the start.
+        if current and current[0].first_offset < start_offset:
+            current = _prune_clean(current, start_offset)
         if batch.last_offset < start_offset:
             return list(current), True
         if batch.first_offset < start_offset:
@@ -184,6 +186,39 @@ def _merge_one(
     if not n:
         return [batch], True
     first, last = batch.first_offset, batch.last_offset
+    # Where the batch sorts: current's batches are disjoint, so only one can share its
+    # first offset, and the set order decides on the rest of the key for that one.
+    at = bisect_left(current, first, key=_first_offset)
+    if at < n and current[at].first_offset == first and _set_order(current[at]) < _set_order(batch):
+        at += 1
+    # Half the writes touch no neighbour they would merge with: the walk would pass
+    # every pair, so the output is current with the batch inserted, still clean.
+    after = current[at] if at < n else None
+    before = current[at - 1] if at else None
+    if (
+        after is None
+        or last + 1 < after.first_offset
+        or (
+            last + 1 == after.first_offset
+            and (
+                after.delivery_count != batch.delivery_count
+                or after.delivery_state != batch.delivery_state
+            )
+        )
+    ) and (
+        before is None
+        or before.last_offset + 1 < first
+        or (
+            before.last_offset + 1 == first
+            and (
+                before.delivery_count != batch.delivery_count
+                or before.delivery_state != batch.delivery_state
+            )
+        )
+    ):
+        merged = list(current)
+        merged.insert(at, batch)
+        return merged, True
     lo = bisect_left(current, first - 1, key=_last_offset)
     if lo:
         lo -= 1
@@ -193,8 +228,9 @@ def _merge_one(
         swept = _swept([*current[lo:hi], batch])
         merged = [*current[:lo], *swept, *current[hi:]]
         return merged, is_clean(merged, max(lo - 1, 0), lo + len(swept) + 1)
+    # The stretch holds the batches around where the new one sorts: lo <= at <= hi.
     stretch = list(current[lo:hi])
-    at = bisect_left(stretch, _set_order(batch), key=_set_order)
+    at -= lo
     stretch.insert(at, batch)
     walked, clean = _walk(stretch, at - 1 if at else 0, len(stretch) - 1 - at)
     # The walk's flag holds for the whole list: the batch before the stretch and the

@@ -367,3 +367,28 @@ def test_is_clean_means_no_pair_would_merge_and_every_batch_is_valid(batches):
         for left, right in pairwise(batches)
     )
     assert is_clean(batches) == tidy
+
+
+# Clean states with gaps, touching neighbours of other info, and a tie on a first offset
+# a new batch can share: every single batch over their span, in three infos, goes
+# through the one-batch path and must come out as Kafka's walk, flag included. Each
+# neighbour case of that path (a gap, touching with the same info or another, overlap,
+# the same first offset on either side of the set order) is met deterministically, not
+# left to a random search.
+ONE_BATCH_STATES = [
+    [b(2, 4, AV, 1), b(5, 7, ACK, 1), b(10, 12, AV, 1)],
+    [b(0, 3, ACK, 2), b(6, 6, AV, 1), b(7, 9, AV, 2), b(12, 14, ARC, 1)],
+]
+
+
+@pytest.mark.parametrize("state", ONE_BATCH_STATES)
+@pytest.mark.parametrize("start_offset", [-1, 3])
+def test_7_one_batch_into_a_clean_state_is_kafkas_walk_for_every_span(state, start_offset):
+    assert is_clean(state)
+    for first in range(16):
+        for last in range(first, 16):
+            for info in ((AV, 1), (ACK, 1), (AV, 2)):
+                new = [b(first, last, *info)]
+                merged, clean = merge_batches(tuple(state), True, new, start_offset)
+                assert merged == reference_combine(state, new, start_offset), new
+                assert clean == is_clean(merged), new
