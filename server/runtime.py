@@ -426,11 +426,7 @@ class PartitionRuntime:
         """The offset an answer about ``key`` given now must wait for: its last record,
         unless that is durable already (None). What a key's answer shows rests on its
         own records alone, so a read of a quiet key does not wait behind the commit of
-        another key's long write. A failed partition whose shard was rebuilt from what
-        is durable waits for nothing: a record of the key past the durable end is not
-        in that shard, and its commit will not happen."""
-        if self._shard_durable:
-            return None
+        another key's long write."""
         offset = self._unsynced.get(key)
         if offset is None or offset < self.log.durable_end_offset:
             return None
@@ -478,6 +474,9 @@ class PartitionRuntime:
             )
             return
         self.shard = shard
+        # Rebuilt from what is durable: no key's answer waits for a record past the
+        # durable end any more (it is not in this shard, and its commit will not come).
+        self._unsynced = {}
         self._set_status(Status.FAILED, error)
         self._serving_reads(error)
         _log.warning(

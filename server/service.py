@@ -203,7 +203,12 @@ class CoordinatorService:
                     code = errors.NOT_COORDINATOR
                 elif runtime.status is not Status.ACTIVE:
                     touched_here = True
-                    if reads and runtime.readable and state_partition not in refused:
+                    if (
+                        reads
+                        and runtime.readable
+                        and state_partition not in refused
+                        and not _waits_on_commit(placed.get(state_partition))
+                    ):
                         key = ShareKey(group_id, key_topic_id, partition)
                         answer = runtime.answer_read(rpc, key, entry)
                         if answer is not None:
@@ -570,6 +575,16 @@ class CoordinatorService:
             for p, r in sorted(self.runtimes.items())
             if r.status is Status.FAILED
         ]
+
+
+def _waits_on_commit(
+    placed: list[tuple[list[AnyPartitionResult], int, int | None]] | None,
+) -> bool:
+    """Whether an entry of this request ran on the partition while it was active and
+    waits for a commit: the partition failed since, that commit with it, so those
+    entries will answer 15, and every later one there answers 15 too (never an answer
+    from the shard after a 15 on the same state partition)."""
+    return placed is not None and any(offset is not None for _, _, offset in placed)
 
 
 def _unavailable(rpc: Rpc, partition: int, code: int) -> AnyPartitionResult:
