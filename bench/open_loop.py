@@ -102,15 +102,17 @@ class _Connection(asyncio.Protocol):
     def __init__(self, run: _Run) -> None:
         self.run = run
         self.buf = b""
-        self.due = 0.0  # the scheduled time of the request in flight
+        self.due = 0.0  # when the request in flight is timed from
+        self.scheduled = 0.0  # its place in the schedule (whether it is counted)
         self.transport: asyncio.Transport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
         self.run.idle.append(self)
 
-    def send(self, request: bytes, due: float) -> None:
+    def send(self, request: bytes, due: float, scheduled: float) -> None:
         self.due = due
+        self.scheduled = scheduled
         assert self.transport is not None
         self.transport.write(request)
 
@@ -159,7 +161,7 @@ class _Run:
                 # A free connection: the request leaves now. The loop's timers tick
                 # in whole milliseconds, so now may be up to one past its due time;
                 # that lateness is the generator's, and is not counted.
-                self._send(self.idle.popleft(), now)
+                self._send(self.idle.popleft(), now, due)
             else:
                 self.backlog.append(due)
         if due >= end:
@@ -168,18 +170,19 @@ class _Run:
             return
         loop.call_later(due - time.perf_counter(), self.tick, loop)
 
-    def _send(self, connection: _Connection, due: float) -> None:
+    def _send(self, connection: _Connection, due: float, scheduled: float) -> None:
         request = self.requests[self.sent % len(self.requests)]
-        connection.send(request, due)
+        connection.send(request, due, scheduled)
 
     def answered(self, connection: _Connection, now: float, failed: bool) -> None:
         self.answers += 1
         if failed:
             self.errors += 1
-        elif connection.due >= self.count_from:
+        elif connection.scheduled >= self.count_from:
             self.latencies.append(now - connection.due)
         if self.backlog:
-            self._send(connection, self.backlog.popleft())
+            due = self.backlog.popleft()
+            self._send(connection, due, due)
         else:
             self.idle.append(connection)
         self._check_done(now)

@@ -203,6 +203,8 @@ class Daemon:
         ``signal_when_listening`` is sent the moment the "listening" line is read, by
         the thread reading it, with nothing in between."""
         assert not self.running(), "the daemon runs already"
+        if self._process is not None:
+            self.wait()  # the last run, ended by a signal or by itself: reaped, pipe closed
         if self._stderr_path is None:
             self._first_start()
         self._listening.clear()

@@ -27,7 +27,16 @@ import aiohttp
 from client import ShareCoordinatorClient
 from protocol.batches import StateBatch
 from protocol.routing import partition_for
-from tests.harness import TOPIC, AcknowledgedGroup, Api, Daemon, Spawn, next_write, wait_until
+from tests.harness import (
+    TOPIC,
+    AcknowledgedGroup,
+    Api,
+    Daemon,
+    Spawn,
+    metric_value,
+    next_write,
+    wait_until,
+)
 from tests.persistence.stores import fresh_schema
 from tests.postgres import PostgresServer, server_root
 
@@ -271,5 +280,17 @@ async def check_on_a_fresh_node(
         until=lambda leaders: len(leaders) == PARTITIONS and set(leaders.values()) == {fresh_id},
     )
     async with aiohttp.ClientSession() as session:
-        await model.check(Api(session, fresh.url))
+        api = Api(session, fresh.url)
+
+        async def led() -> float:
+            return metric_value(await api.metrics(), "sharecoord_partitions_led")
+
+        # The node itself counts every partition as led (it builds a runtime for each
+        # as it counts it), and /readyz is 200 once every partition it leads is loaded:
+        # the table alone says claimed, not loaded.
+        await wait_until(
+            led, "the fresh node to count every partition led", until=lambda n: n == PARTITIONS
+        )
+        await api.wait_ready()
+        await model.check(api)
     await asyncio.to_thread(fresh.terminate)
