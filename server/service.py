@@ -174,7 +174,7 @@ class CoordinatorService:
         # Where each executed entry's result sits, per state partition, with the last
         # offset it must see durable (None: it saw only durable state), so a failed
         # commit turns exactly the entries it did not make durable into 15.
-        placed: dict[int, list[tuple[list[AnyPartitionResult], int, int | None]]] = {}
+        placed: _Placed = {}
         failures: dict[int, int] = {}  # error code -> entries (successes are counted last)
         entries = 0
         touched_here = False
@@ -212,9 +212,7 @@ class CoordinatorService:
                         key = ShareKey(group_id, key_topic_id, partition)
                         answer = runtime.answer_read(rpc, key, entry)
                         if answer is not None:
-                            placed.setdefault(state_partition, []).append(
-                                (out, len(out), runtime.pending_offset_of(key))
-                            )
+                            _place(placed, state_partition, out, runtime.pending_offset_of(key))
                             out.append(answer)
                             if answer.error_code:
                                 failures[answer.error_code] = failures.get(answer.error_code, 0) + 1
@@ -240,9 +238,7 @@ class CoordinatorService:
                         _log.exception("state partition %d: operation failed", state_partition)
                         code = errors.COORDINATOR_NOT_AVAILABLE
                     else:
-                        placed.setdefault(state_partition, []).append(
-                            (out, len(out), runtime.pending_offset_of(key))
-                        )
+                        _place(placed, state_partition, out, runtime.pending_offset_of(key))
                         out.append(result)
                         if result.error_code:
                             failures[result.error_code] = failures.get(result.error_code, 0) + 1
@@ -577,9 +573,27 @@ class CoordinatorService:
         ]
 
 
-def _waits_on_commit(
-    placed: list[tuple[list[AnyPartitionResult], int, int | None]] | None,
-) -> bool:
+_Placed = dict[int, list[tuple[list[AnyPartitionResult], int, int | None]]]
+
+
+def _place(
+    placed: _Placed, state_partition: int, out: list[AnyPartitionResult], offset: int | None
+) -> None:
+    """Place the result about to be appended to ``out``, with the offset it must see
+    durable: its key's last record, and never less than what an earlier entry of the
+    request on the same state partition waits for. A key's own offset spares a read of
+    a quiet key the wait behind another request's long write; within a request, an
+    entry after one a failed commit turns into 15 is 15 too, whichever key it is on
+    (its answer may rest on what that commit lost)."""
+    there = placed.setdefault(state_partition, [])
+    if there:
+        before = there[-1][2]
+        if before is not None and (offset is None or offset < before):
+            offset = before
+    there.append((out, len(out), offset))
+
+
+def _waits_on_commit(placed: list[tuple[list[AnyPartitionResult], int, int | None]] | None) -> bool:
     """Whether an entry of this request ran on the partition while it was active and
     waits for a commit: the partition failed since, that commit with it, so those
     entries will answer 15, and every later one there answers 15 too (never an answer
