@@ -573,7 +573,10 @@ class CoordinatorService:
         ]
 
 
-_Placed = dict[int, list[tuple[list[AnyPartitionResult], int, int | None]]]
+# An executed entry's result: the list it sits in, its index there, and the offset it
+# must see durable (None: it saw only durable state).
+_Slot = tuple[list[AnyPartitionResult], int, int | None]
+_Placed = dict[int, list[_Slot]]
 
 
 def _place(
@@ -593,7 +596,7 @@ def _place(
     there.append((out, len(out), offset))
 
 
-def _waits_on_commit(placed: list[tuple[list[AnyPartitionResult], int, int | None]] | None) -> bool:
+def _waits_on_commit(placed: list[_Slot] | None) -> bool:
     """Whether an entry of this request ran on the partition while it was active and
     waits for a commit: the partition failed since, that commit with it, so those
     entries will answer 15, and every later one there answers 15 too (never an answer
