@@ -16,12 +16,15 @@ Every node of a cluster runs one ``Leadership``. A round, every third of ``lease
    node holding it hands it back (it stops serving it, then releases it), and only the
    preferred node claims it while it is expired (as long as it stays live; a partition
    still expired two rounds later is claimed by anyone, as below);
-4. the other partitions are shared out by count: claim expired ones (the claim raises
-   the epoch in the same statement) up to this node's fair share of them,
-   ceil(partitions / live nodes); a partition still expired two rounds later is
-   claimed beyond it (nobody else took it); a node holding more than its share while
-   another live node holds less than the floor of it hands the excess back: it stops
-   serving them, then releases them, and the others claim them.
+4. the other partitions are shared out by count, with share = ceil(partitions / live
+   nodes) and floor = partitions // live nodes: while another live node holds less
+   than the floor, a node claims expired partitions up to the floor only, and a node
+   holding more than the floor hands the excess back (it stops serving it, then
+   releases it); otherwise a node claims up to the share, and hands back what it holds
+   beyond it. A claim raises the epoch in the same statement. A partition still
+   expired two rounds later is claimed by anyone beyond these bounds (nobody else took
+   it). So every live node ends between the floor and the share, with no node held
+   below the floor by others claiming first (tests/server/test_lease_sharing.py).
 
 A claimed partition is handed to the ``PartitionHost`` (the node), which builds its
 runtime and loads it from PostgreSQL (it answers 14 meanwhile); a dropped one leaves the
@@ -39,7 +42,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -60,6 +63,9 @@ MIN_DRIFT_MS = 100
 # After another node's lease expires, a round starts this much later (PostgreSQL must see
 # it expired too).
 AFTER_EXPIRY_S = 0.02
+# A round that left expired partitions to nodes short of their share looks again this
+# much later (they claim in the rounds the same expiry started).
+SOON_S = 0.25
 # A round that fails says so once per this many seconds.
 WARN_EVERY_S = 10.0
 
@@ -249,7 +255,8 @@ class Leadership:
     async def _round(self) -> float:
         """One round (the module docstring); returns how soon the next should be."""
         sent = self._monotonic()
-        renewed, view = await asyncio.to_thread(self._renew_and_read)
+        held_epochs = {p: held.epoch for p, held in self._held.items()}
+        renewed, view = await asyncio.to_thread(self._renew_and_read, held_epochs)
         for partition, held in list(self._held.items()):
             if renewed.get(partition) == held.epoch:
                 held.serve_until = max(held.serve_until, sent + self._safe_s)
@@ -262,69 +269,52 @@ class Leadership:
                 )
                 self._drop(partition)
         self._view = view
-        await self._balance(view)
+        soon = await self._balance(view)
         self.registered = True
-        return self._next_round_in(view)
+        return min(self._next_round_in(view), SOON_S if soon else math.inf)
 
-    def _renew_and_read(self) -> tuple[dict[int, int], ClusterView]:
+    def _renew_and_read(self, held: dict[int, int]) -> tuple[dict[int, int], ClusterView]:
+        """Renew, and release at once what the renewal found under this node's id that
+        this process does not serve: leases of an earlier run of the node (restarted
+        within its lease) or of a partition it dropped when its own deadline passed
+        while PostgreSQL still counted the lease live. Renewed and kept, they would stay
+        this node's for good, served by nobody; released, the next claim (this node's
+        or another's) takes them with a new epoch."""
         store, tables = self._store, self._store.tables
         with store.connection("renewing the leases") as conn:
             leases.heartbeat(conn, tables, self.node_id, self.http_listener, self.kafka_listener)
             renewed = leases.renew(conn, tables, self.node_id, self.lease_ms)
+            stray = sorted(p for p, epoch in renewed.items() if held.get(p) != epoch)
+            if stray:
+                leases.release(conn, tables, self.node_id, stray)
+                _log.info(
+                    "released state partitions %s: leased to this node id, not served here",
+                    format_partitions(stray),
+                )
             view = ClusterView(leases.list_leases(conn, tables), leases.list_nodes(conn, tables))
-        return renewed, view
+        return {p: e for p, e in renewed.items() if p not in stray}, view
 
-    async def _balance(self, view: ClusterView) -> None:
-        live_nodes = {n.node_id for n in view.nodes if n.heartbeat_age_ms < self.lease_ms}
-        live_nodes.add(self.node_id)
-        # Partitions whose preferred node is live are its own, out of the sharing.
-        pinned = {p: n for p, n in self.preferred.items() if n in live_nodes}
-        elsewhere = sorted(p for p in self._held if pinned.get(p, self.node_id) != self.node_id)
-        if elsewhere:
-            await self._hand_back(elsewhere)
-            return
-        held_by: dict[int, int] = {}
-        expired: list[Lease] = []
-        for lease in view.leases:
-            if lease.live and lease.node_id is not None:
-                if lease.state_partition not in pinned:
-                    held_by[lease.node_id] = held_by.get(lease.node_id, 0) + 1
-            elif lease.state_partition not in self._held:
-                expired.append(lease)
-        self.without_leader = len(expired)
-        shared = self.num_partitions - len(pinned)
-        share = math.ceil(shared / len(live_nodes))
-        floor = shared // len(live_nodes)
-        mine = sorted(p for p in self._held if p not in pinned)
-        if len(mine) > share and any(
-            held_by.get(n, 0) < floor for n in live_nodes - {self.node_id}
-        ):
-            await self._hand_back(mine[share:])
-            return
-        # Nodes start their search at different partitions: fewer claims collide.
-        expired.sort(
-            key=lambda lease: (lease.state_partition - 7 * self.node_id) % self.num_partitions
+    async def _balance(self, view: ClusterView) -> bool:
+        """Hand back or claim as planned; whether the next round should come soon."""
+        plan = plan_round(
+            self.node_id,
+            self.num_partitions,
+            self.lease_ms,
+            view,
+            held=set(self._held),
+            preferred=self.preferred,
+            expired_rounds=self._expired_rounds,
         )
-        preferred = [e for e in expired if pinned.get(e.state_partition) == self.node_id]
-        unpinned = [e for e in expired if e.state_partition not in pinned]
-        wanted = unpinned[: max(0, share - len(mine))]
-        # Beyond: what stayed expired two rounds already (nobody else took it, not even
-        # the node that should have).
-        taken = {e.state_partition for e in [*preferred, *wanted]}
-        extra = [
-            lease
-            for lease in expired
-            if lease.state_partition not in taken
-            and self._expired_rounds.get(lease.state_partition, 0) >= 2
-        ]
-        self._expired_rounds = {
-            lease.state_partition: self._expired_rounds.get(lease.state_partition, 0) + 1
-            for lease in expired
-        }
+        self.without_leader = plan.without_leader
+        if plan.hand_back:
+            await self._hand_back(plan.hand_back)
+            return False
+        self._expired_rounds = plan.expired_rounds
         claimed = 0
-        for lease in [*preferred, *wanted, *extra]:
+        for lease in plan.claims:
             claimed += await self._claim(lease)
-        self.without_leader = len(expired) - claimed
+        self.without_leader -= claimed
+        return plan.soon
 
     async def _claim(self, lease: Lease) -> bool:
         """Whether this node got it."""
@@ -407,6 +397,81 @@ class Leadership:
                     self._drop(partition)
             nearest = min((h.serve_until for h in self._held.values()), default=now + 1.0)
             await asyncio.sleep(max(0.01, min(nearest - now, 1.0)))
+
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one round of one node does (module docstring, steps 3 and 4): hand
+    partitions back (and nothing else), or claim these expired leases, in this order."""
+
+    hand_back: list[int]
+    claims: list[Lease]
+    # Rounds in a row each partition has been seen expired and unclaimed, counting this one.
+    expired_rounds: dict[int, int]
+    without_leader: int  # partitions without a live lease, before the claims
+    # Expired partitions left for nodes short of their share: look again soon (they
+    # claim in their own round, which the same expiry started), not a period later.
+    soon: bool = False
+
+
+def plan_round(
+    node_id: int,
+    num_partitions: int,
+    lease_ms: int,
+    view: ClusterView,
+    *,
+    held: Set[int],
+    preferred: Mapping[int, int],
+    expired_rounds: Mapping[int, int],
+) -> Plan:
+    """One node's decision from one round's view of the leaders and nodes tables; no
+    I/O, so that the sharing out can be checked over whole simulated clusters
+    (tests/server/test_lease_sharing.py)."""
+    live_nodes = {n.node_id for n in view.nodes if n.heartbeat_age_ms < lease_ms}
+    live_nodes.add(node_id)
+    # Partitions whose preferred node is live are its own, out of the sharing.
+    pinned = {p: n for p, n in preferred.items() if n in live_nodes}
+    held_by: dict[int, int] = {}
+    expired: list[Lease] = []
+    for lease in view.leases:
+        if lease.live and lease.node_id is not None:
+            if lease.state_partition not in pinned:
+                held_by[lease.node_id] = held_by.get(lease.node_id, 0) + 1
+        elif lease.state_partition not in held:
+            expired.append(lease)
+    elsewhere = sorted(p for p in held if pinned.get(p, node_id) != node_id)
+    if elsewhere:
+        return Plan(elsewhere, [], dict(expired_rounds), len(expired))
+    shared = num_partitions - len(pinned)
+    share = math.ceil(shared / len(live_nodes))
+    floor = shared // len(live_nodes)
+    mine = sorted(p for p in held if p not in pinned)
+    short = any(held_by.get(n, 0) < floor for n in live_nodes - {node_id})
+    if short and len(mine) > floor:
+        return Plan(mine[floor:], [], dict(expired_rounds), len(expired))
+    if len(mine) > share:
+        return Plan(mine[share:], [], dict(expired_rounds), len(expired))
+    # Nodes start their search at different partitions: fewer claims collide.
+    expired.sort(key=lambda lease: (lease.state_partition - 7 * node_id) % num_partitions)
+    first = [e for e in expired if pinned.get(e.state_partition) == node_id]
+    unpinned = [e for e in expired if e.state_partition not in pinned]
+    # Up to the floor of the share while another node is short of it (it claims the
+    # rest first), up to the ceiling otherwise.
+    wanted = unpinned[: max(0, (floor if short else share) - len(mine))]
+    # Beyond: what stayed expired two rounds already (nobody else took it, not even the
+    # node that should have).
+    taken = {e.state_partition for e in [*first, *wanted]}
+    extra = [
+        lease
+        for lease in expired
+        if lease.state_partition not in taken and expired_rounds.get(lease.state_partition, 0) >= 2
+    ]
+    counted = {
+        lease.state_partition: expired_rounds.get(lease.state_partition, 0) + 1 for lease in expired
+    }
+    left = len(unpinned) > len(wanted) and len(mine) + len(wanted) < share
+    return Plan([], [*first, *wanted, *extra], counted, len(expired), soon=left)
 
 
 def _leader_result(

@@ -29,9 +29,11 @@ class Host:
         return False
 
 
-async def leadership_on(postgres, clock: list[float]) -> tuple[Leadership, Host, PostgresStore]:
+async def leadership_on(
+    postgres, clock: list[float], schema: str | None = None
+) -> tuple[Leadership, Host, PostgresStore]:
     store = await asyncio.to_thread(
-        PostgresStore.open, postgres.uri(), 4, 1, schema=fresh_schema(), timeout_ms=2000
+        PostgresStore.open, postgres.uri(), 4, 1, schema=schema or fresh_schema(), timeout_ms=2000
     )
     host = Host()
     return Leadership(store, host, lease_ms=LEASE_MS, monotonic=lambda: clock[0]), host, store
@@ -77,4 +79,46 @@ async def test_a_round_drops_a_partition_another_node_claimed(postgres):
         assert host.dropped == [2]
         assert store.held_epoch(2) is None  # a commit carrying it is fenced
     finally:
+        await asyncio.to_thread(store.close)
+
+
+async def test_a_node_restarted_within_its_lease_leads_its_partitions_again(postgres):
+    """The first run's leases are still live when the second run's first round renews
+    them: it must serve them again (under a new epoch), not renew them for nobody."""
+    clock = [1000.0]
+    schema = fresh_schema()
+    first, _, first_store = await leadership_on(postgres, clock, schema)
+    try:
+        await first._round()
+        epochs = {p: first_store.held_epoch(p) for p in range(4)}
+    finally:
+        await asyncio.to_thread(first_store.close)  # SIGKILL-like: no release
+    again, host, store = await leadership_on(postgres, clock, schema)
+    try:
+        await again._round()
+        assert again.led == [0, 1, 2, 3] == sorted(host.adopted)
+        for p in range(4):
+            epoch = store.held_epoch(p)
+            assert epoch is not None and epoch > epochs[p]
+    finally:
+        await asyncio.to_thread(store.close)
+
+
+async def test_a_partition_dropped_while_its_lease_lived_on_is_claimed_again(postgres):
+    """A drop by the node's own deadline (or a refused commit) can leave PostgreSQL's
+    lease live; the next renewal must not keep it for a node that no longer serves it."""
+    clock = [1000.0]
+    leadership, host, store = await leadership_on(postgres, clock)
+    try:
+        await leadership._round()
+        leadership.lost(1, RuntimeError("test"))
+        assert not leadership.may_serve(1)
+        await asyncio.sleep(0)  # the drop's task
+        dropped_epoch = leadership._store.held_epoch(1)
+        assert dropped_epoch is None
+        await leadership._round()
+        assert leadership.may_serve(1)
+        assert host.adopted.count(1) == 2
+    finally:
+        await leadership.stop()
         await asyncio.to_thread(store.close)
