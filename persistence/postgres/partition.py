@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("sharecoord.log")
 
-FETCH_ROWS = 5000
 # Bytes a record takes besides its key and value (for size_bytes, roughly).
 ROW_OVERHEAD = 30
 
@@ -131,9 +130,11 @@ class PostgresPartition:
     def _load(self, on_record: Callable[[LogRecord], None] | None) -> None:
         store = self._store
         epoch = store.held_epoch(self.partition)
-        with store.snapshot(f"loading state partition {self.partition}") as conn:
-            store.check_leader(conn, self.partition, epoch)
-            start, end = store.offsets(conn, self.partition)
+        doing = f"loading state partition {self.partition}"
+        with store.snapshot(doing) as conn:
+            with store.guarded(conn, doing):
+                store.check_leader(conn, self.partition, epoch)
+                start, end = store.offsets(conn, self.partition)
             known: set[bytes] = set()
             size = 0
             for record in store.replay_rows(conn, self.partition):

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg import sql
 
-from persistence.errors import LogError, NotLeaderError
+from persistence.errors import LogError, NotLeaderError, StoreUnavailableError
 from persistence.frame import LogRecord
 from persistence.postgres import leases
 from persistence.postgres.connection import (
@@ -182,10 +182,59 @@ class PostgresStore:
     @contextlib.contextmanager
     def snapshot(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
         """A pooled connection in a REPEATABLE READ transaction: every statement of the
-        block sees the same state."""
-        with self.transaction(doing) as conn:
-            conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-            yield conn
+        block sees the same state. A load or a read can take far longer than
+        ``timeout_ms`` as a whole, so the watchdog guards each round trip instead: the
+        transaction's start and end here, each statement and each fetch in the block
+        (``guarded``, ``fetch``). A server that stops answering midway (frozen, or its
+        host gone while a standby was promoted) fails the block within ``timeout_ms``,
+        rather than leaving it waiting for ever."""
+        with self.pool.connection(doing) as conn:
+            tx = conn.transaction()
+            with self._guarded(conn, doing):
+                tx.__enter__()
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            try:
+                yield conn
+            except BaseException as exc:
+                # The block's error is the one to tell; a rollback on a connection that
+                # broke (or was cut) fails too, and the pool drops the connection.
+                quiet = contextlib.suppress(psycopg.Error, StoreUnavailableError)
+                with quiet, self._guarded(conn, doing):
+                    tx.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            with self._guarded(conn, doing):
+                tx.__exit__(None, None, None)
+
+    def guarded(
+        self, conn: psycopg.Connection[Any], doing: str
+    ) -> contextlib.AbstractContextManager[None]:
+        """One round trip on `conn`, cut past ``timeout_ms``."""
+        return self._guarded(conn, doing)
+
+    def rows(
+        self,
+        conn: psycopg.Connection[Any],
+        name: str,
+        query: sql.Composed,
+        params: Sequence[Any],
+        doing: str,
+    ) -> Iterator[Any]:
+        """The rows of `query` through a named cursor, FETCH_ROWS per round trip, each
+        round trip guarded (inside the caller's transaction)."""
+        cur = conn.cursor(name=name)
+        try:
+            with self._guarded(conn, doing):
+                cur.execute(query, params)
+            while True:
+                with self._guarded(conn, doing):
+                    rows = cur.fetchmany(FETCH_ROWS)
+                if not rows:
+                    return
+                yield from rows
+        finally:
+            quiet = contextlib.suppress(psycopg.Error, StoreUnavailableError)
+            with quiet, self._guarded(conn, doing):
+                cur.close()
 
     def claim(self, partition: int, lease_ms: int) -> int | None:
         """leases.claim for this node, and lead with the epoch it got."""
@@ -315,29 +364,28 @@ class PostgresStore:
     def replay_rows(self, conn: psycopg.Connection[Any], partition: int) -> Iterator[LogRecord]:
         """Each key's records from its last snapshot on, in offset order (inside a
         transaction of the caller's)."""
-        with conn.cursor(name=f"replay_{partition}") as cur:
-            cur.itersize = FETCH_ROWS
-            cur.execute(replay_sql(self.tables), (partition,))
-            for offset, timestamp, record_type, key, value in cur:
-                yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
+        rows = self.rows(
+            conn,
+            f"replay_{partition}",
+            replay_sql(self.tables),
+            (partition,),
+            f"replaying state partition {partition}",
+        )
+        for offset, timestamp, record_type, key, value in rows:
+            yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
 
     def read_rows(self, partition: int, from_offset: int, end: int | None) -> Iterator[LogRecord]:
         """Every record of `partition` at or above `from_offset` (below `end`)."""
-        with (
-            self.snapshot(f"reading state partition {partition}") as conn,
-            conn.cursor(name=f"read_{partition}") as cur,
-        ):
-            cur.itersize = FETCH_ROWS
-            cur.execute(
-                self.tables.sql(
-                    """SELECT "offset", "timestamp", record_type, key, value FROM {records}
-                           WHERE state_partition = %s AND "offset" >= %s
-                             AND "offset" < coalesce(%s, 9223372036854775807)
-                           ORDER BY "offset\""""
-                ),
-                (partition, from_offset, end),
-            )
-            for offset, timestamp, record_type, key, value in cur:
+        doing = f"reading state partition {partition}"
+        query = self.tables.sql(
+            """SELECT "offset", "timestamp", record_type, key, value FROM {records}
+                   WHERE state_partition = %s AND "offset" >= %s
+                     AND "offset" < coalesce(%s, 9223372036854775807)
+                   ORDER BY "offset\""""
+        )
+        with self.snapshot(doing) as conn:
+            rows = self.rows(conn, f"read_{partition}", query, (partition, from_offset, end), doing)
+            for offset, timestamp, record_type, key, value in rows:
                 yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
 
     def delete_below(self, partition: int, below: int) -> tuple[int, int]:

@@ -36,7 +36,7 @@ from persistence.postgres import (
     renew,
 )
 from persistence.postgres.connection import one_line
-from persistence.postgres.store import replay_sql
+from persistence.postgres.store import FETCH_ROWS, replay_sql
 from protocol.records import SNAPSHOT_RECORD_TYPE, UPDATE_RECORD_TYPE
 from tests.figures import Figures
 from tests.harness import wait_until_blocking
@@ -376,3 +376,60 @@ async def test_a_commit_while_the_server_is_down_fails_cleanly_and_the_next_succ
     assert await asyncio.to_thread(rows_of, server, store, 0) == [0, 1, 2, 3, 4]
     assert [r.offset for r in again] == [3, 4]
     figures.set("failed_commits", 1)
+
+
+def test_a_load_whose_server_freezes_midway_fails_within_the_timeout(
+    own_server: PostgresServer, figures: Figures
+) -> None:
+    """A load takes many round trips (FETCH_ROWS rows each) and may take far longer than
+    timeout_ms as a whole; a server that stops answering between two of them (SIGSTOP:
+    its TCP stack still answers, so neither keepalives nor statement_timeout help) must
+    fail the load within about timeout_ms, not leave the partition loading for ever."""
+    server = own_server
+    schema = fresh_schema()
+    keys = FETCH_ROWS + FETCH_ROWS // 2  # the load's second fetch is after the freeze
+    with PostgresStore.open(server.uri(), 1, 1, schema=schema) as store:
+        store.claim(0, LEASE_MS)
+        part = store.partition(0)
+        part.open()
+        for k in range(keys):
+            part.append(SNAPSHOT_RECORD_TYPE, f"key-{k:06}".encode(), bytes(20), k)
+        batch = part.take_pending()
+        assert batch is not None
+        assert store.commit_cycle([(0, batch)]).errors == [None]
+    timeout_ms = 1000
+    outcome: list[BaseException | int] = []
+    with PostgresStore.open(server.uri(), 1, 1, schema=schema, timeout_ms=timeout_ms) as store:
+        store.lead(0, 1)
+        seen: list[int] = []
+        frozen_at: list[float] = []
+
+        def on_record(record: Any) -> None:
+            if not seen:
+                server.freeze()
+                frozen_at.append(time.monotonic())
+            seen.append(record.offset)
+
+        def load() -> None:
+            try:
+                store.partition(0).open(on_record)
+                outcome.append(len(seen))
+            except BaseException as exc:  # the test looks at it
+                outcome.append(exc)
+
+        loader = threading.Thread(target=load, daemon=True)
+        try:
+            loader.start()
+            # Generous: the load must end by itself, long before this.
+            wait_until_blocking(lambda: bool(outcome), "the load to end", timeout=60)
+        finally:
+            server.thaw()
+        loader.join(timeout=60)
+    failed_after_s = time.monotonic() - frozen_at[0]
+    (result,) = outcome
+    assert isinstance(result, StoreUnavailableError), result
+    assert "loading state partition 0" in str(result) or "replaying" in str(result)
+    assert 0 < len(seen) < keys  # it had read some, not all
+    figures.set("rows_before_the_freeze", len(seen))
+    figures.set("timeout_ms", timeout_ms)
+    figures.set("failed_after_s", round(failed_after_s, 2))
