@@ -450,7 +450,8 @@ class GroupCommitter(Generic[BatchT]):
         if self._reported.get(partition) is cause:
             return
         self._reported[partition] = cause
-        _log.error("state partition %d: write or fsync failed: %r", partition, cause)
+        what = self._log.partition(partition).failed_cycle
+        _log.error("state partition %d: %s: %r", partition, what, cause)
         if self._on_partition_failure is not None:
             try:
                 self._on_partition_failure(partition, cause)

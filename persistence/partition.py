@@ -100,6 +100,8 @@ class PendingBatch:
 class PartitionLog:
     # open() reads a load in runs of plain tuples itself (persistence.store.open_in_runs).
     opens_in_runs = True
+    failed_cycle = "write or fsync failed"
+    reload_source = "disk after a disk failure"
 
     def __init__(
         self,

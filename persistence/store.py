@@ -59,6 +59,11 @@ class CycleResult:
 class PartitionStore(Protocol[BatchT_co]):
     """One state partition's log, as the runtime and the group commit use it."""
 
+    # How the logs name a failed cycle and where a reload reads from, in this store's
+    # own words ("write or fsync failed", "disk"): an operator reads them at 3 a.m.
+    failed_cycle: str
+    reload_source: str
+
     @property
     def partition(self) -> int: ...
 

@@ -441,7 +441,7 @@ class PartitionRuntime:
         shard holds exactly what is durable: a full disk leaves its reads served."""
         if self._own_status is Status.FAILED and self._recovery is not None:
             return
-        message = f"write or fsync failed: {cause}"
+        message = f"{self.log.failed_cycle}: {cause}"
         _log.error("state partition %d stopped: %s", self.partition, message)
         self._shard_durable = False
         self._set_status(Status.FAILED, message)
@@ -530,8 +530,9 @@ class PartitionRuntime:
             self._recovery = None
             self._set_status(Status.ACTIVE)
             _log.info(
-                "state partition %d reloaded from disk after a disk failure (attempt %d)",
+                "state partition %d reloaded from %s (attempt %d)",
                 self.partition,
+                self.log.reload_source,
                 attempt,
             )
             return

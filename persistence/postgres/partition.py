@@ -46,6 +46,9 @@ class PostgresPartition:
     """One state partition in the PostgreSQL store (persistence/store.py's
     PartitionStore)."""
 
+    failed_cycle = "commit to PostgreSQL failed"
+    reload_source = "PostgreSQL after a failed commit"
+
     def __init__(self, store: PostgresStore, partition: int) -> None:
         self._store = store
         self.partition = partition

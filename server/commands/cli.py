@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from server.commands import cluster, log, partition, scram, serve, spark, state
 from server.commands.common import (
+    EXIT_BROKEN_PIPE,
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
     EXIT_USAGE,
@@ -40,10 +42,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         command: Command = args.command
-        return command(args)
+        code = command(args)
+        sys.stdout.flush()  # here, where a reader gone away is caught below
+        return code
     except ConfigError as exc:
         say(prog, str(exc))
         return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (`| head`): nothing to say. Python would complain again
+        # when it flushes stdout at exit, so stdout now points at /dev/null; the exit code
+        # is the one a shell reports for a process SIGPIPE ended.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except OSError as exc:
         # What the checks before could not foresee (a disk error, a file gone meanwhile):
         # the operation failed, said in one line.

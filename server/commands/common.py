@@ -14,6 +14,7 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # the shell's 128 + SIGINT
+EXIT_BROKEN_PIPE = 141  # the shell's 128 + SIGPIPE: the reader of stdout went away
 
 # What a command runs: its parsed flags in, the exit code out. A ConfigError it raises
 # is a usage error (exit 2), an OSError a failed operation (exit 1), said in one line.

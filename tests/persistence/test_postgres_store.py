@@ -342,7 +342,7 @@ def own_server() -> Iterator[PostgresServer]:
 
 
 async def test_a_commit_while_the_server_is_down_fails_cleanly_and_the_next_succeeds(
-    own_server: PostgresServer, figures: Figures
+    own_server: PostgresServer, figures: Figures, caplog: pytest.LogCaptureFixture
 ) -> None:
     server = own_server
     store = await asyncio.to_thread(open_led, server.uri() + "?connect_timeout=5", 1)
@@ -360,6 +360,9 @@ async def test_a_commit_while_the_server_is_down_fails_cleanly_and_the_next_succ
         assert isinstance(cause, StoreUnavailableError)
         assert "\n" not in str(cause) and str(cause).startswith("PostgreSQL store ")
         assert caught.value.durable_end_offset == 3
+        # In this store's words: nothing here wrote or fsynced a file.
+        (said,) = [r.getMessage() for r in caplog.records if r.name == "sharecoord.log"]
+        assert said.startswith("state partition 0: commit to PostgreSQL failed: "), said
         assert part.failure is cause  # it takes no appends until it is reset
         with pytest.raises(PartitionFailedError):
             part.append(0, b"k", b"v", 1)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -660,3 +661,36 @@ def test_a_taken_port_leaves_no_data_directory_behind(
     (line,) = done.stderr.splitlines()
     assert "cannot listen" in line and places["silent"] in line, line
     assert not data_dir.exists()
+
+
+def test_a_reader_that_went_away_ends_the_command_quietly(tmp_path: Path) -> None:
+    """``sharecoord ... | head`` closes the pipe early: no traceback and no 'Broken pipe'
+    line, and the exit code a shell gives a process SIGPIPE ended. The read end is closed
+    before the command starts, so its first write meets it whatever the timing."""
+    data_dir = tmp_path / "data"
+    StateLog.open(str(data_dir), 50).close()  # `log verify` prints a line per partition
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "server.commands.cli",
+                "log",
+                "verify",
+                "--data-dir",
+                str(data_dir),
+            ],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO_ROOT,
+            env=child_env(),
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 141
