@@ -121,8 +121,8 @@ class ServeConfig:
         "pip install 'sharecoord[postgres]'). Its password is never shown. An empty value "
         "means not set.",
         meaning="not set: the data directory; a `postgresql://` URI: the PostgreSQL store, "
-        "every node on it one node of a cluster ([operations.md](operations.md#running-a-"
-        "cluster-on-postgresql)); its password is never shown",
+        "every node on it one node of a cluster ([operations.md](operations.md#running-on-"
+        "postgresql)); its password is never shown",
         metavar="URI",
     )
     state_store_schema: str = setting(
