@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from persistence.store_uri import is_postgres_uri, masked
+from server.commands import preflight
 from server.config import ConfigError, add_arguments
 
 EXIT_OK = 0
@@ -35,6 +37,21 @@ def refuse(problem: str | None) -> None:
     """A check's problem (``server.commands.preflight``), if any, as a usage error."""
     if problem is not None:
         raise ConfigError(problem)
+
+
+def postgres_store(values: dict[str, Any]) -> str | None:
+    """The PostgreSQL store a tool's settings name (``state_store``), or None for the
+    data directory; a URI of another kind, or no driver installed, is a usage error."""
+    uri: str | None = values["state_store"]
+    if uri is None:
+        return None
+    if not is_postgres_uri(uri):
+        raise ConfigError(
+            f"--state-store {masked(uri)} is not a PostgreSQL URI: give "
+            "postgresql://USER@HOST:PORT/DATABASE, or leave it unset for --data-dir"
+        )
+    refuse(preflight.postgres_driver_problem())
+    return uri
 
 
 def add_command(
