@@ -240,6 +240,7 @@ PARTITION_EXPORT_SETTINGS = command(
     "partition export",
     (
         DATA_DIR,
+        *TOOL_STORE_SETTINGS,
         _int(
             "partition",
             None,
@@ -263,6 +264,7 @@ PARTITION_IMPORT_SETTINGS = command(
     "partition import",
     (
         DATA_DIR,
+        *TOOL_STORE_SETTINGS,
         Setting(
             "source",
             None,
