@@ -1,6 +1,7 @@
 """Moving state between a data directory and a PostgreSQL store with ``sharecoord
-partition export`` and ``import`` (docs/operations.md#moving-state-between-a-data-
-directory-and-postgresql), with real daemons and the real commands: every key written
+partition export`` and ``import``
+(docs/operations.md#moving-state-between-a-data-directory-and-postgresql), with real
+daemons and the real commands: every key written
 on one store reads back as it was from a node on the other, in both directions; an
 export from a running node's store is taken while it serves; and an import into the
 store is refused while a node leads the partition, refused over records that are not
