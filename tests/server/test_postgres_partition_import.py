@@ -1,13 +1,16 @@
 """``partition import`` into a PostgreSQL store, its rules one by one
 (server/postgres_partitions.py), on the session's real server: the import fences the
 node that led the partition before (its epoch rises), a damaged export or a store of
-another partition count is refused before anything is written, and an export taken
-from the store holds exactly its records."""
+another partition count is refused before anything is written, a kill before its
+commit leaves nothing of it, and an export taken from the store holds exactly its
+records."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from persistence import StateLog
@@ -16,6 +19,7 @@ from persistence.postgres import PostgresStore, release
 from protocol.records import ShareKey, ShareSnapshot, ShareUpdate, encode_record
 from server.partition_tools import ToolError, export_partition
 from server.postgres_partitions import export_from_postgres, import_into_postgres
+from tests.harness import REPO_ROOT, SHARECOORD, child_env, wait_until_blocking
 from tests.persistence.stores import fresh_schema
 from tests.postgres import PostgresServer
 
@@ -120,3 +124,61 @@ def test_an_export_from_the_store_holds_its_records_byte_for_byte(
     # An empty partition exports too: one empty segment at offset 0.
     empty = export_from_postgres(postgres.uri(), schema, 1, str(tmp_path / "empty"))
     assert (empty.manifest.records, [s.size for s in empty.manifest.segments]) == (0, [0])
+
+
+def test_an_import_killed_before_its_commit_leaves_the_store_as_it_was(
+    postgres: PostgresServer, tmp_path: Path
+) -> None:
+    """SIGKILL of the import while its transaction has COPYed every record (it is held
+    at the keys rows by a lock this test takes): none of its records stays, the epoch
+    is unmoved, and the same import run again does the whole job."""
+    source = exported(tmp_path)
+    schema = fresh_schema()
+    PostgresStore.open(postgres.uri(), NUM_PARTITIONS, 1, schema=schema).close()
+    key = encode_record(ShareSnapshot(ShareKey("group", TOPIC, 7), 0, 1, 1, 10, 1, 1, []))[1]
+    # A keys row without records (the import writes over such a row), locked by a
+    # transaction held open: the import's upsert of it waits, after its COPY.
+    postgres.execute(
+        f"INSERT INTO {schema}.sharecoord_keys VALUES (0, '\\x{key.hex()}'::bytea, 0, true)"
+    )
+    epoch_before = postgres.execute(
+        f"SELECT epoch FROM {schema}.sharecoord_leaders WHERE state_partition = 0"
+    )
+    args = ["partition", "import", "--state-store", postgres.uri()]
+    args += ["--state-store-schema", schema, "--from", source]
+    with psycopg.connect(postgres.uri()) as holder:
+        holder.execute(
+            f"SELECT * FROM {schema}.sharecoord_keys WHERE state_partition = 0 FOR UPDATE"
+        )
+        child = subprocess.Popen([*SHARECOORD, *args], env=child_env(), cwd=REPO_ROOT)
+        try:
+            wait_until_blocking(
+                lambda: (
+                    postgres.execute(
+                        "SELECT count(*) FROM pg_stat_activity WHERE application_name = "
+                        "'sharecoord' AND wait_event_type = 'Lock'"
+                    )
+                    == "1"
+                ),
+                "the import to wait for the keys row, its records COPYed",
+            )
+            child.kill()
+        finally:
+            child.wait()
+        holder.rollback()
+    wait_until_blocking(
+        lambda: (
+            postgres.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sharecoord'"
+            )
+            == "0"
+        ),
+        "the killed import's backend to end",
+    )
+    assert postgres.execute(f"SELECT count(*) FROM {schema}.sharecoord_records") == "0"
+    assert epoch_before == postgres.execute(
+        f"SELECT epoch FROM {schema}.sharecoord_leaders WHERE state_partition = 0"
+    )
+    done = import_into_postgres(postgres.uri(), schema, source)
+    assert not done.already and done.manifest.records == 4
+    assert postgres.execute(f"SELECT count(*) FROM {schema}.sharecoord_records") == "4"
