@@ -39,12 +39,19 @@ def refuse(problem: str | None) -> None:
         raise ConfigError(problem)
 
 
-def postgres_store(values: dict[str, Any]) -> str | None:
+def postgres_store(values: dict[str, Any], args: argparse.Namespace) -> str | None:
     """The PostgreSQL store a tool's settings name (``state_store``), or None for the
-    data directory; a URI of another kind, or no driver installed, is a usage error."""
+    data directory; a URI of another kind, no driver installed, or a ``--data-dir``
+    flag beside it (which of the two was meant?) is a usage error."""
     uri: str | None = values["state_store"]
     if uri is None:
         return None
+    if hasattr(args, "data_dir"):
+        raise ConfigError(
+            f"--data-dir and a state store ({masked(uri)}) are both given: the command "
+            "reads one of them; leave out one (state_store may come from "
+            "SHARECOORD_STATE_STORE or the config file)"
+        )
     if not is_postgres_uri(uri):
         raise ConfigError(
             f"--state-store {masked(uri)} is not a PostgreSQL URI: give "

@@ -28,7 +28,7 @@ def add_commands(subparsers: Any) -> None:
 
 def run_dump(args: argparse.Namespace) -> int:
     values = load_settings(LOG_DUMP_SETTINGS, args)
-    if postgres_store(values) is not None:
+    if postgres_store(values, args) is not None:
         from server.postgres_tools import log_dump_postgres
 
         return log_dump_postgres(
@@ -42,7 +42,7 @@ def run_dump(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     values = load_settings(LOG_VERIFY_SETTINGS, args)
-    if postgres_store(values) is not None:
+    if postgres_store(values, args) is not None:
         from server.postgres_tools import log_verify_postgres
 
         return log_verify_postgres(values["state_store"], values["state_store_schema"])

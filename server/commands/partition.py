@@ -56,7 +56,7 @@ def run_export(args: argparse.Namespace) -> int:
     from server.partition_tools import ToolError, export_partition
 
     values = load_settings(PARTITION_EXPORT_SETTINGS, args, required=("partition", "out"))
-    if postgres_store(values) is not None:
+    if postgres_store(values, args) is not None:
         return _export_from_postgres(args.prog, values)
     data_dir, partition = values["data_dir"], values["partition"]
     try:
@@ -85,7 +85,7 @@ def run_import(args: argparse.Namespace) -> int:
     from server.partition_tools import ToolError
 
     values = load_settings(PARTITION_IMPORT_SETTINGS, args, required=("source",))
-    if postgres_store(values) is not None:
+    if postgres_store(values, args) is not None:
         return _import_into_postgres(args.prog, values)
     data_dir = values["data_dir"]
     refuse(preflight.data_directory_problem(data_dir, created_if_missing=True))

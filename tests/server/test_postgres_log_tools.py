@@ -264,6 +264,8 @@ def test_the_commands_take_the_store_as_serve_does_and_refuse_in_one_line(
         assert done.returncode == code, (args, done.stderr)
         assert said in done.stderr and len(done.stderr.splitlines()) == 1, done.stderr
         assert "Traceback" not in done.stderr
+    done = run_cli("log", "verify", "--data-dir", "data", env=env)
+    assert done.returncode == 2 and "both given" in done.stderr, done.stderr
     secret = postgres.uri(password="s3cret").replace(str(postgres.port), "1")
     done = run_cli("log", "verify", "--state-store", secret)
     assert done.returncode == 1, done.stderr
