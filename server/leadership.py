@@ -249,7 +249,7 @@ class Leadership:
     async def _round(self) -> float:
         """One round (the module docstring); returns how soon the next should be."""
         sent = self._monotonic()
-        renewed, view = await asyncio.to_thread(self._renew_and_read, sorted(self._held))
+        renewed, view = await asyncio.to_thread(self._renew_and_read)
         for partition, held in list(self._held.items()):
             if renewed.get(partition) == held.epoch:
                 held.serve_until = max(held.serve_until, sent + self._safe_s)
@@ -266,13 +266,11 @@ class Leadership:
         self.registered = True
         return self._next_round_in(view)
 
-    def _renew_and_read(self, held: list[int]) -> tuple[dict[int, int], ClusterView]:
-        """Renew the leases of ``held`` only: one this process never claimed (its
-        predecessor's, under the same node id) must run out and be claimed anew."""
+    def _renew_and_read(self) -> tuple[dict[int, int], ClusterView]:
         store, tables = self._store, self._store.tables
         with store.connection("renewing the leases") as conn:
             leases.heartbeat(conn, tables, self.node_id, self.http_listener, self.kafka_listener)
-            renewed = leases.renew(conn, tables, self.node_id, self.lease_ms, held)
+            renewed = leases.renew(conn, tables, self.node_id, self.lease_ms)
             view = ClusterView(leases.list_leases(conn, tables), leases.list_nodes(conn, tables))
         return renewed, view
 

@@ -83,32 +83,18 @@ def claim(
 
 
 def renew(
-    conn: psycopg.Connection[Any],
-    tables: Tables,
-    node_id: int,
-    lease_ms: int,
-    partitions: Collection[int] | None = None,
+    conn: psycopg.Connection[Any], tables: Tables, node_id: int, lease_ms: int
 ) -> dict[int, int]:
-    """Extend every live lease of `node_id` (of `partitions` only, when given) by
-    `lease_ms` from now: {partition: epoch} of those renewed. A partition missing from
-    the answer is no longer this node's. A node renews only what it holds: a lease left
-    by an earlier process with the same node id (killed and started again before it
-    ran out) names partitions this process never loaded; renewed, it would never run
-    out, and nobody would serve them."""
+    """Extend every live lease of `node_id` by `lease_ms` from now: {partition: epoch}
+    of those renewed. A partition missing from the answer is no longer this node's."""
     rows = conn.execute(
         tables.sql(
             """UPDATE {leaders}
                SET lease_expiry = clock_timestamp() + %(ms)s * interval '1 millisecond'
                WHERE node_id = %(node)s AND lease_expiry > clock_timestamp()
-                 AND (%(all)s OR state_partition = ANY(%(ps)s))
                RETURNING state_partition, epoch"""
         ),
-        {
-            "node": node_id,
-            "ms": lease_ms,
-            "all": partitions is None,
-            "ps": list(partitions or ()),
-        },
+        {"node": node_id, "ms": lease_ms},
     ).fetchall()
     return {int(p): int(epoch) for p, epoch in rows}
 
