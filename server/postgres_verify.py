@@ -14,7 +14,12 @@ what is checked:
   offset order (``server.tools.ReplayCheck``, as for a data directory); its offsets
   have no hole above the log start (pruning deletes only from the bottom, a commit
   only adds at the top: a hole is rows deleted by something else, and what a key's
-  replay needs may be in it); and its ``sharecoord_keys`` rows are the records' own:
+  replay needs may be in it) but where compaction folded the log: below the
+  partition's compaction watermark (``sharecoord_history_marks``, where the store
+  keeps one), and in and right after a run of snapshots of distinct keys at the
+  start of the log, which is what compaction leaves (one snapshot per live key, at
+  its last record's offset; every key replays from its own snapshot there, so no
+  replay needs what lies between them); and its ``sharecoord_keys`` rows are the records' own:
   a row for each key that has records, none for a key without, each ``since`` the
   offset of the key's last snapshot (``snapshot`` true), or of its first record while
   it has none (a load replays each key from ``since`` on: a wrong one replays too
@@ -117,9 +122,15 @@ def verify_partition(store: StoreSnapshot, partition: int) -> PartitionCheck:
     holes: list[tuple[int, int]] = []
     first_seen: dict[bytes, int] = {}
     last_snapshot: dict[bytes, int] = {}
+    watermark = store.compacted_below(partition)
+    folded = True  # every record so far a snapshot of a key not seen before
     for record in store.records(partition):
-        if check.last_offset is not None and record.offset != check.last_offset + 1:
+        gap = check.last_offset is not None and record.offset != check.last_offset + 1
+        if gap and not folded and (watermark is None or record.offset > watermark):
+            assert check.last_offset is not None
             holes.append((check.last_offset + 1, record.offset - 1))
+        folded = folded and record.record_type == SNAPSHOT_RECORD_TYPE
+        folded = folded and record.key not in first_seen
         if check.first_offset is None:
             check.first_offset = record.offset
         check.last_offset = record.offset

@@ -109,6 +109,28 @@ class StoreSnapshot:
             for key, since, snapshot in cur:
                 yield KeyRow(bytes(key), int(since), bool(snapshot))
 
+    def compacted_below(self, partition: int) -> int | None:
+        """The partition's compaction watermark, where the store records one
+        (``sharecoord_history_marks``, kept by compaction with a history): below it
+        the log holds only what compaction folded the records into."""
+        if not self._has_marks:
+            return None
+        row = self.conn.execute(
+            self.tables.sql(
+                "SELECT watermark FROM {marks} WHERE state_partition = %s",
+                marks=self.tables.name("history_marks"),
+            ),
+            (partition,),
+        ).fetchone()
+        return None if row is None else int(row[0])
+
+    @property
+    def _has_marks(self) -> bool:
+        row = self.conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (self.table("history_marks"),)
+        ).fetchone()
+        return bool(row and row[0])
+
     def partitions_with_rows(self, table: str) -> list[int]:
         """The distinct state partitions of a table's rows."""
         rows = self.conn.execute(

@@ -151,6 +151,47 @@ def test_what_pruning_deleted_from_the_bottom_is_no_hole(postgres: PostgresServe
     assert lines[0] == f"partition 0: ok, {KEYS_EACH} records, offsets {each}..{each + 1}"
 
 
+def test_what_compaction_leaves_is_no_hole_but_a_gap_after_it_is(
+    postgres: PostgresServer,
+) -> None:
+    """Compaction's shape, made by hand in partition 0 (key 0 at even offsets, key 1 at
+    odd): one snapshot per key, at 2 and 5, then updates appended from 8 on. The gaps
+    before, between and right after the snapshots are not damage; one among the
+    appended records is, unless it lies below the compaction watermark the store
+    records (sharecoord_history_marks)."""
+    store = written_store(postgres)
+    where = 'FROM {s}.sharecoord_records WHERE state_partition = 0 AND "offset"'
+    update = 'UPDATE {s}.sharecoord_records SET "offset" = '
+    store.sql(f"DELETE {where} IN (2, 3, 4, 5)")
+    for old, new in ((7, 9), (6, 8), (1, 5), (0, 2)):
+        store.sql(f'{update}{new} WHERE state_partition = 0 AND "offset" = {old}')
+    for old, new in ((1, 5), (0, 2)):
+        store.sql(
+            f"UPDATE {{s}}.sharecoord_keys SET since = {new} "
+            f"WHERE state_partition = 0 AND since = {old}"
+        )
+    code, lines = store.verified()
+    assert code == 0, lines
+    assert lines[0] == "partition 0: ok, 4 records, offsets 2..9"
+    store.sql(
+        "INSERT INTO {s}.sharecoord_records SELECT state_partition, 11, record_type, key, "
+        f'value, "timestamp" {where} = 9'
+    )
+    code, lines = store.verified()
+    assert code == 1
+    assert lines[0] == (
+        f"partition 0: DAMAGED {store.schema}.sharecoord_records: offset 10 missing, above "
+        "the log start 2 (a hole)"
+    )
+    store.sql(
+        "CREATE TABLE {s}.sharecoord_history_marks (state_partition integer PRIMARY KEY, "
+        "watermark bigint NOT NULL)"
+    )
+    store.sql("INSERT INTO {s}.sharecoord_history_marks VALUES (0, 11)")
+    code, lines = store.verified()
+    assert code == 0, lines
+
+
 def test_a_wrong_since_and_a_missing_or_extra_keys_row_are_each_named(
     postgres: PostgresServer,
 ) -> None:
