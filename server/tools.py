@@ -74,7 +74,7 @@ def log_dump(data_dir: str, partition: int | None, as_json: bool, out: TextIO = 
     try:
         for p in partitions:
             for frame in read_partition(partition_dir(data_dir, p)):
-                out.write(_dump_line(p, frame, decoder, as_json))
+                out.write(dump_line(p, frame, decoder, as_json))
                 out.write("\n")
     except LogError as exc:
         print(f"sharecoord log dump: {exc}", file=sys.stderr)
@@ -84,7 +84,7 @@ def log_dump(data_dir: str, partition: int | None, as_json: bool, out: TextIO = 
     return EXIT_OK
 
 
-def _dump_line(partition: int, frame: LogRecord, decoder: RecordDecoder, as_json: bool) -> str:
+def dump_line(partition: int, frame: LogRecord, decoder: RecordDecoder, as_json: bool) -> str:
     """One record as ``log dump`` prints it: its row (protocol.records.FIELDS) as JSON,
     or a line for people."""
     try:
@@ -195,7 +195,15 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
         records += result.record_count
     for note in report.notes:
         out.write(f"note: {note}\n")
-    out.write(_summary(report.problems, damaged_partitions, len(report.partitions), elsewhere))
+    out.write(
+        summary(
+            report.problems,
+            damaged_partitions,
+            len(report.partitions),
+            elsewhere,
+            "the data directory itself",
+        )
+    )
     out.write(f", {records} records in {data_dir}\n")
     damaged = bool(report.problems or damaged_partitions)
     if damaged:
@@ -210,14 +218,17 @@ def log_verify(data_dir: str, out: TextIO = sys.stdout) -> int:
     return EXIT_FAILURE if damaged else EXIT_OK
 
 
-def _summary(problems: list[str], damaged: list[int], checked: int, elsewhere: int) -> str:
+def summary(
+    problems: list[str], damaged: list[int], checked: int, elsewhere: int, whole: str
+) -> str:
     """The verdict line up to its record count: `ok: 50 partitions`, or what is damaged
-    and only that, `DAMAGED: partitions 3, 17 (2 of 50)`."""
+    and only that, `DAMAGED: partitions 3, 17 (2 of 50)`; ``whole`` names what the
+    problems are about (the data directory, the store)."""
     if not problems and not damaged:
         held = f" ({elsewhere} of them held by other nodes)" if elsewhere else ""
         return f"ok: {checked} partitions{held}"
     held = f"; {elsewhere} held by other nodes" if elsewhere else ""
-    itself = "the data directory itself (above)"
+    itself = f"{whole} (above)"
     if not damaged:
         sound = f"{checked} partitions checked, none damaged" if checked else "no partition checked"
         return f"DAMAGED: {itself}; {sound}{held}"
@@ -226,19 +237,38 @@ def _summary(problems: list[str], damaged: list[int], checked: int, elsewhere: i
     return f"DAMAGED: {itself} and {partitions}" if problems else f"DAMAGED: {partitions}"
 
 
+class ReplayCheck:
+    """Replays records, in offset order, through the state rules, as a load would:
+    ``problem`` says why the first that does not replay does not (None while all do).
+    After a problem the rest is not replayed (their state would mean nothing)."""
+
+    def __init__(self) -> None:
+        self._state = ShareStateMap(DEFAULT_RECORDS_PER_SNAPSHOT)
+        self._decoder = RecordDecoder()
+        self.problem: str | None = None
+
+    def add(self, frame: LogRecord) -> None:
+        if self.problem is not None:
+            return
+        try:
+            record = self._decoder.decode(frame.record_type, frame.key, frame.value)
+            self._state.replay(frame.offset, record)
+        except (LogError, RecordDecodeError, TypeError, ValueError) as exc:
+            self.problem = f"at offset {frame.offset}: {exc}"
+
+
 def replay_problem(directory: str) -> str | None:
     """Why the records of a partition directory do not replay, or None."""
-    state = ShareStateMap(DEFAULT_RECORDS_PER_SNAPSHOT)
-    decoder = RecordDecoder()
+    check = ReplayCheck()
     offset = None
     try:
         for frame in read_partition(directory):
+            check.add(frame)
             offset = frame.offset
-            state.replay(frame.offset, decoder.decode(frame.record_type, frame.key, frame.value))
-    except (LogError, RecordDecodeError, TypeError, ValueError) as exc:
+    except LogError as exc:
         where = f"at offset {offset}: " if offset is not None else ""
         return f"{where}{exc}"
-    return None
+    return check.problem
 
 
 # --- state get --------------------------------------------------------------------------

@@ -254,8 +254,9 @@ class PostgresServer:
         self.destroy()
         shutil.rmtree(self.data_dir, ignore_errors=True)
 
-    def execute(self, sql: str) -> str:
-        """Run one statement with psql; its output, unaligned, without headers."""
+    def execute(self, sql: str, dbname: str = "postgres") -> str:
+        """Run one statement with psql (in ``dbname``); its output, unaligned, without
+        headers."""
         result = subprocess.run(
             [
                 os.path.join(self.bin_dir, "psql"),
@@ -265,7 +266,7 @@ class PostgresServer:
                 "-v",
                 "ON_ERROR_STOP=1",
                 "-d",
-                self.uri(),
+                self.uri(dbname),
                 "-c",
                 sql,
             ],

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from persistence.store_uri import is_postgres_uri, masked
+from server.commands import preflight
 from server.config import ConfigError, add_arguments
 
 EXIT_OK = 0
@@ -36,6 +38,28 @@ def refuse(problem: str | None) -> None:
     """A check's problem (``server.commands.preflight``), if any, as a usage error."""
     if problem is not None:
         raise ConfigError(problem)
+
+
+def postgres_store(values: dict[str, Any], args: argparse.Namespace) -> str | None:
+    """The PostgreSQL store a tool's settings name (``state_store``), or None for the
+    data directory; a URI of another kind, no driver installed, or a ``--data-dir``
+    flag beside it (which of the two was meant?) is a usage error."""
+    uri: str | None = values["state_store"]
+    if uri is None:
+        return None
+    if hasattr(args, "data_dir"):
+        raise ConfigError(
+            f"--data-dir and a state store ({masked(uri)}) are both given: the command "
+            "reads one of them; leave out one (state_store may come from "
+            "SHARECOORD_STATE_STORE or the config file)"
+        )
+    if not is_postgres_uri(uri):
+        raise ConfigError(
+            f"--state-store {masked(uri)} is not a PostgreSQL URI: give "
+            "postgresql://USER@HOST:PORT/DATABASE, or leave it unset for --data-dir"
+        )
+    refuse(preflight.postgres_driver_problem())
+    return uri
 
 
 def add_command(

@@ -9,7 +9,7 @@ import os
 from typing import Any
 
 from server.commands import preflight
-from server.commands.common import add_command, needs_a_command, refuse, say
+from server.commands.common import add_command, needs_a_command, postgres_store, refuse, say
 from server.config import (
     PARTITION_ADOPT_SETTINGS,
     PARTITION_EXPORT_SETTINGS,
@@ -56,6 +56,8 @@ def run_export(args: argparse.Namespace) -> int:
     from server.partition_tools import ToolError, export_partition
 
     values = load_settings(PARTITION_EXPORT_SETTINGS, args, required=("partition", "out"))
+    if postgres_store(values, args) is not None:
+        return _export_from_postgres(args.prog, values)
     data_dir, partition = values["data_dir"], values["partition"]
     try:
         manifest = export_partition(data_dir, partition, values["out"])
@@ -83,6 +85,8 @@ def run_import(args: argparse.Namespace) -> int:
     from server.partition_tools import ToolError
 
     values = load_settings(PARTITION_IMPORT_SETTINGS, args, required=("source",))
+    if postgres_store(values, args) is not None:
+        return _import_into_postgres(args.prog, values)
     data_dir = values["data_dir"]
     refuse(preflight.data_directory_problem(data_dir, created_if_missing=True))
     try:
@@ -105,6 +109,62 @@ def run_import(args: argparse.Namespace) -> int:
     if done.history_root is not None:
         kept = "" if done.history_declared else " (the first compaction here takes it up)"
         print(f"its history: {len(manifest.history)} files, in {done.history_root}{kept}")
+    return 0
+
+
+def _export_from_postgres(prog: str, values: dict[str, Any]) -> int:
+    from server.partition_tools import ToolError
+    from server.postgres_partitions import export_from_postgres, manifest_line
+
+    partition, out = values["partition"], os.path.abspath(values["out"])
+    try:
+        done = export_from_postgres(
+            values["state_store"], values["state_store_schema"], partition, out
+        )
+    except ToolError as exc:
+        say(prog, str(exc))
+        return exc.code
+    print(
+        f"exported state partition {partition} of {done.where} to {out}: "
+        f"{manifest_line(done.manifest)}"
+    )
+    print(
+        "read from one snapshot: the store still serves the partition, and what its nodes "
+        "commit from now on is not in this export"
+    )
+    print(
+        "next: `sharecoord partition import --data-dir ITS_DATA --from DIR` on a node that "
+        "is stopped (or --state-store for another store); then start it"
+    )
+    return 0
+
+
+def _import_into_postgres(prog: str, values: dict[str, Any]) -> int:
+    from server.partition_tools import ToolError
+    from server.postgres_partitions import import_into_postgres, manifest_line, with_history_note
+
+    source = values["source"]
+    try:
+        done = import_into_postgres(values["state_store"], values["state_store_schema"], source)
+    except ToolError as exc:
+        say(prog, str(exc))
+        return exc.code
+    partition = done.manifest.partition
+    if done.already:
+        print(
+            f"state partition {partition} of {done.where} already holds this export (an "
+            "import of it finished before): nothing to do"
+        )
+        return 0
+    created = " (its tables created now)" if done.created else ""
+    print(
+        f"imported state partition {partition} into {done.where}{created}: "
+        f"{manifest_line(done.manifest)} (checked against the export's manifest); its epoch "
+        f"is now {done.epoch}, and the node that claims it next loads them"
+    )
+    note = with_history_note(done.manifest, source)
+    if note is not None:
+        print(note)
     return 0
 
 

@@ -164,16 +164,30 @@ AUDIT_SETTINGS = command(
     ),
 )
 
+# The tools that read (or import into) a state store take it as serve does: the flag,
+# the setting or the environment; set, it is read instead of --data-dir.
+TOOL_STATE_STORE = replace(
+    _SERVE["state_store"],
+    doc="serve's state_store: not set, the command works on --data-dir; a PostgreSQL URI "
+    "(postgresql://USER@HOST:PORT/DB), on that PostgreSQL store instead, in one "
+    "REPEATABLE READ snapshot (a running cluster's too). Its password is never shown. An "
+    "empty value means not set.",
+    meaning="serve's `state_store`: not set, `--data-dir`; a `postgresql://` URI, that "
+    "PostgreSQL store instead, read in one snapshot; its password is never shown",
+)
+TOOL_STORE_SETTINGS = (TOOL_STATE_STORE, _SERVE["state_store_schema"])
+
 LOG_DUMP_SETTINGS = command(
     "log dump",
     (
         DATA_DIR,
+        *TOOL_STORE_SETTINGS,
         _int("partition", None, "Only this state partition.", at_least(0), metavar="P"),
         Setting("json", False, "One JSON object per record.", parse_bool),
     ),
 )
 
-LOG_VERIFY_SETTINGS = command("log verify", (DATA_DIR,))
+LOG_VERIFY_SETTINGS = command("log verify", (DATA_DIR, *TOOL_STORE_SETTINGS))
 
 STATE_GET_SETTINGS = command(
     "state get",
@@ -226,6 +240,7 @@ PARTITION_EXPORT_SETTINGS = command(
     "partition export",
     (
         DATA_DIR,
+        *TOOL_STORE_SETTINGS,
         _int(
             "partition",
             None,
@@ -249,6 +264,7 @@ PARTITION_IMPORT_SETTINGS = command(
     "partition import",
     (
         DATA_DIR,
+        *TOOL_STORE_SETTINGS,
         Setting(
             "source",
             None,
