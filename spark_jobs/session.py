@@ -92,7 +92,7 @@ def is_local(sc: SparkContext) -> bool:
 def python_was_chosen(sc: SparkContext) -> bool:
     """Whether the context's Python workers run a Python somebody chose, not Spark's
     default (spark-submit passes spark.pyspark.python on as PYSPARK_PYTHON)."""
-    return sc.pythonExec != SPARK_DEFAULT_PYTHON or "PYSPARK_PYTHON" in os.environ
+    return sc.pythonExec != SPARK_DEFAULT_PYTHON or bool(os.environ.get("PYSPARK_PYTHON"))
 
 
 def use_sharecoord_python(spark: SparkSession, env_cache: str | None = None) -> None:

@@ -33,6 +33,7 @@ import sys
 import tarfile
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
 
@@ -141,14 +142,19 @@ def environment_key(distributions: list[metadata.Distribution]) -> str:
     return digest.hexdigest()[:20]
 
 
-def packed_environment(cache_dir: str | None = None) -> Packed:
-    """The archive for this environment: from the cache, or packed into it now."""
+def packed_environment(
+    cache_dir: str | None = None, on_packing: Callable[[str], None] | None = None
+) -> Packed:
+    """The archive for this environment: from the cache, or packed into it now (after
+    calling `on_packing` with its path)."""
     started = time.monotonic()
     cache_dir = os.path.abspath(cache_dir or default_cache_dir())
     distributions = executor_distributions()
     path = os.path.join(cache_dir, f"{ARCHIVE_PREFIX}{environment_key(distributions)}.tar.gz")
     if os.path.isfile(path):
         return Packed(path, False, time.monotonic() - started, os.path.getsize(path))
+    if on_packing is not None:
+        on_packing(path)
     if not os.path.exists(base_python()):
         raise PackError(f"the base interpreter {base_python()} is missing")
     try:
