@@ -76,9 +76,7 @@ def test_the_archive_holds_the_executor_extra_and_neither_pyspark_nor_sharecoord
     assert shipped == {"msgpack", "msgspec", "numpy", "pyarrow"}
 
 
-def test_an_unchanged_environment_is_packed_once(
-    packed: shipenv.Packed, tmp_path: Path
-) -> None:
+def test_an_unchanged_environment_is_packed_once(packed: shipenv.Packed, tmp_path: Path) -> None:
     again = shipenv.packed_environment(os.path.dirname(packed.path), lambda _: None)
     assert (again.path, again.built) == (packed.path, False)
     assert packed.built
@@ -108,7 +106,9 @@ def test_a_cluster_master_gets_the_archive_the_way_spark_documents(
 ) -> None:
     monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
     out = io.StringIO()
-    options = submit.shipping_options("compact", "spark://m:7077", os.path.dirname(packed.path), out)
+    options = submit.shipping_options(
+        "compact", "spark://m:7077", os.path.dirname(packed.path), out
+    )
     assert options == [
         "--archives",
         f"{packed.path}#environment",
