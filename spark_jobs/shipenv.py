@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import sys
 import tarfile
 import tempfile
@@ -36,9 +37,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import metadata
+from typing import TYPE_CHECKING
 
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
+if TYPE_CHECKING:
+    from packaging.requirements import Requirement
 
 PROJECT = "sharecoord"
 EXECUTOR_EXTRA = "spark-executor"
@@ -96,9 +98,20 @@ def executor_distributions() -> list[metadata.Distribution]:
     return [found[name] for name in sorted(found)]
 
 
+def canonicalize_name(name: str) -> str:
+    """A distribution's name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
 def _requirements(name: str, extra: str) -> list[Requirement]:
     """What `name` requires with `extra` ("" for itself alone); of sharecoord, only what
     the extra adds (its own dependencies serve the daemon, not the executors)."""
+    try:
+        # Here, not above: every sharecoord command imports this module (through
+        # spark_jobs.submit), and a lean install has no packaging.
+        from packaging.requirements import Requirement  # noqa: PLC0415
+    except ImportError:
+        raise PackError("packaging is not installed: pip install 'sharecoord[spark]'") from None
     try:
         texts = metadata.requires(name) or []
     except metadata.PackageNotFoundError:

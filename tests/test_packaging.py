@@ -101,6 +101,7 @@ def test_the_daemon_and_the_client_run_without_the_extras() -> None:
         "hypothesis",
         "yaml",
         "psycopg",
+        "packaging",
     )
     code = "; ".join(
         [
