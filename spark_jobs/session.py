@@ -80,8 +80,12 @@ def spark_session(
         builder = builder.master(master)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
-    use_sharecoord_python(spark, env_cache)
-    check_executors(spark)
+    try:
+        use_sharecoord_python(spark, env_cache)
+        check_executors(spark)
+    except SparkEnvironmentError:
+        spark.stop()  # the job's own stop is never reached: it has no session yet
+        raise
     return spark
 
 
