@@ -30,6 +30,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from spark_jobs.columns import SOURCE_DDL
 from spark_jobs.logsource import Piece, Source, piece_bytes, plan, read_piece
+from spark_jobs.session import register_data_source
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -109,5 +110,6 @@ def group_pieces(pieces: list[Piece], task_bytes: int) -> list[list[Piece]]:
 
 
 def register(spark: SparkSession) -> None:
-    """Make ``format("sharecoord")`` known to this session."""
-    spark.dataSource.register(ShareLogDataSource)
+    """Make ``format("sharecoord")`` known to this session, its Python workers running
+    this environment (spark_jobs/session.py says how, and when it cannot)."""
+    register_data_source(spark, ShareLogDataSource)

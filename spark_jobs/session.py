@@ -1,4 +1,19 @@
-"""The driver side shared by the jobs: the Spark session and progress lines.
+"""The driver side shared by the jobs: the Spark session, the Python its workers run,
+and progress lines.
+
+Which Python the workers run (``spark_session`` and ``register_data_source``):
+
+* a local master (``local[*]``, ``local-cluster[...]``): this interpreter, the one
+  sharecoord is installed in, for every Python worker;
+* another master: the executors' Python is what the session was started with when it was
+  chosen (``PYSPARK_PYTHON``, ``spark.pyspark.python``, or the environment `sharecoord
+  compact` ships with ``--archives``); otherwise ``spark_session`` ships this
+  environment itself (spark_jobs/shipenv.py: ``addArchive`` and the code zip) and makes
+  the executors run it. ``register_data_source`` cannot change a running context's
+  Python: on a cluster context started with Spark's default ``python3`` it stops with
+  one line saying what to set. Either way the session's executors are checked to import
+  what the jobs need before any work starts, and a failure is one line
+  (``SparkEnvironmentError``), not the JVM's stack trace.
 
 Progress is what a person running `sharecoord compact` wants to see: what the job is
 doing (the Spark job description, also shown in the Spark UI) and one line per stage as
@@ -8,13 +23,22 @@ thread, instead of the JVM's log and its console progress bar.
 
 from __future__ import annotations
 
+import atexit
+import importlib
+import os
+import shutil
 import sys
+import tempfile
 import threading
 import time
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
+from py4j.protocol import Py4JJavaError
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
+
+if TYPE_CHECKING:
+    from pyspark.sql.datasource import DataSource
 
 POLL_SECONDS = 0.5
 # Spark tasks per executor core. A state partition is the unit of work, but a Spark task
@@ -26,15 +50,146 @@ TASKS_PER_CORE = 4
 PROGRESS_EVERY_SECONDS = 5.0
 
 
-def spark_session(app_name: str) -> SparkSession:
-    """The job's session: the one spark-submit configured, or a new local one."""
-    spark = (
-        SparkSession.builder.appName(app_name)
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+# What Spark's Python workers start when nothing says otherwise (SparkContext.pythonExec).
+SPARK_DEFAULT_PYTHON = "python3"
+# A session's SQL setting: the Python of the executors' SQL workers (a Python data
+# source's reads among them), which overrides the context's for this session.
+SQL_WORKER_PYTHON = "spark.sql.execution.pyspark.python"
+# What the executors must import for the jobs and the data source to run there.
+EXECUTOR_IMPORTS = ("msgpack", "msgspec", "numpy", "pyarrow", "spark_jobs.logsource")
+
+
+class SparkEnvironmentError(SystemExit):
+    """The executors cannot run sharecoord's Python: one line that says why and what to
+    do. A SystemExit, as argparse's errors are: a job or a script stops with the line
+    alone (exit 1), no traceback; a caller that wants to go on catches it."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(f"sharecoord: {line}")
+
+
+def spark_session(
+    app_name: str, master: str | None = None, env_cache: str | None = None
+) -> SparkSession:
+    """A session whose Python workers run sharecoord's environment (the module's
+    docstring says which Python that is): the one spark-submit configured, or a new one
+    on `master` (Spark's default: local). `env_cache`: where a cluster's environment
+    archive is kept (shipenv.default_cache_dir() if None)."""
+    builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
+    if master is not None:
+        builder = builder.master(master)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    try:
+        use_sharecoord_python(spark, env_cache)
+        check_executors(spark)
+    except SparkEnvironmentError:
+        spark.stop()  # the job's own stop is never reached: it has no session yet
+        raise
     return spark
+
+
+def is_local(sc: SparkContext) -> bool:
+    return str(sc.master).startswith("local")
+
+
+def python_was_chosen(sc: SparkContext) -> bool:
+    """Whether the context's Python workers run a Python somebody chose, not Spark's
+    default (spark-submit passes spark.pyspark.python on as PYSPARK_PYTHON)."""
+    return sc.pythonExec != SPARK_DEFAULT_PYTHON or bool(os.environ.get("PYSPARK_PYTHON"))
+
+
+def use_sharecoord_python(spark: SparkSession, env_cache: str | None = None) -> None:
+    """Make the context's Python workers (those started from now on) run sharecoord's
+    environment: this interpreter on a local master; on another master the chosen
+    Python if any, else this environment packed and shipped with the session's jobs."""
+    sc = spark.sparkContext
+    if is_local(sc):
+        sc.pythonExec = sys.executable
+        return
+    if python_was_chosen(sc):
+        return
+    # The driver's alone: executors import this module too (check_executors), and
+    # packing needs what they need not have (packaging).
+    from spark_jobs import shipenv  # noqa: PLC0415
+    from spark_jobs.submit import build_py_files  # noqa: PLC0415
+
+    try:
+        packed = shipenv.packed_environment(env_cache)
+    except shipenv.PackError as exc:
+        raise SparkEnvironmentError(
+            f"cannot pack the Python environment for the executors of {sc.master}: {exc}"
+        ) from None
+    code_dir = tempfile.mkdtemp(prefix="sharecoord-code-")
+    atexit.register(shutil.rmtree, code_dir, True)
+    sc.addArchive(f"{packed.path}#{shipenv.ARCHIVE_ALIAS}")
+    sc.addPyFile(build_py_files(os.path.join(code_dir, "sharecoord.zip")))
+    sc.pythonExec = shipenv.SHIPPED_PYTHON
+
+
+def register_data_source(spark: SparkSession, source: type[DataSource]) -> None:
+    """Register a Python data source whose workers run sharecoord's environment.
+
+    Its planning (schema, partitions) runs in a Python worker of the driver, its reads
+    in the executors', and Spark gives both the Python of the function registered: this
+    interpreter, which has the source, for the driver; on a cluster the session's SQL
+    setting SQL_WORKER_PYTHON sends the executors' reads to the context's chosen Python
+    instead (a value the user set is kept). A cluster context on Spark's default Python
+    is refused in one line: it can no longer be given another for all its workers."""
+    sc = spark.sparkContext
+    if not is_local(sc):
+        if not python_was_chosen(sc):
+            raise SparkEnvironmentError(
+                f"the executors of {sc.master} run Spark's default {SPARK_DEFAULT_PYTHON}, "
+                f"which lacks {source.name()}'s dependencies: start the session with "
+                "spark_jobs.session.spark_session(NAME, MASTER), which ships them, or set "
+                "PYSPARK_PYTHON to a Python that has them before the session starts"
+            )
+        if spark.conf.get(SQL_WORKER_PYTHON, None) is None:
+            spark.conf.set(SQL_WORKER_PYTHON, sc.pythonExec)
+    chosen = sc.pythonExec
+    sc.pythonExec = sys.executable
+    try:
+        spark.dataSource.register(source)
+    finally:
+        sc.pythonExec = chosen
+
+
+def check_executors(spark: SparkSession) -> None:
+    """On a cluster, one task per core imports EXECUTOR_IMPORTS on the executors: a
+    Python that cannot is said in one line (SparkEnvironmentError) before any work,
+    instead of a job failing with the JVM's and Python's stack traces."""
+    sc = spark.sparkContext
+    if is_local(sc):
+        return
+    tasks = max(1, sc.defaultParallelism)
+    sc.setLogLevel("OFF")  # each failed attempt's warning carries a whole traceback
+    try:
+        sc.parallelize(range(tasks), tasks).foreach(_import_executor_modules)
+    except Py4JJavaError as exc:
+        raise SparkEnvironmentError(
+            f"the executors of {sc.master} cannot run {sc.pythonExec} with sharecoord's "
+            f"dependencies: {root_cause(exc)} (docs/operations.md#spark-on-a-cluster)"
+        ) from None
+    finally:
+        sc.setLogLevel("WARN")
+
+
+def _import_executor_modules(_: int) -> None:
+    for name in EXECUTOR_IMPORTS:
+        importlib.import_module(name)
+
+
+def root_cause(exc: Py4JJavaError) -> str:
+    """The line that says what failed: a Python exception's last line, else the
+    innermost Java exception's first."""
+    cause = exc.java_exception
+    while cause.getCause() is not None:
+        cause = cause.getCause()
+    lines = [line.strip() for line in str(cause.toString()).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    return lines[-1] if any("Traceback (most recent call last)" in x for x in lines) else lines[0]
 
 
 def task_count(sc: SparkContext, units: int) -> int:

@@ -9,7 +9,11 @@ them; the JVM's own log is kept at WARN and its console progress bar is off).
 On a real cluster (`--master spark://host:7077`) the same command works unchanged; the
 data directory (and the audit's output directory) must be visible to the executors at
 the same path. For local masters the executors' Python is this interpreter, so driver
-and executors agree on the Python version.
+and executors agree on the Python version. On any other master the executors run the
+environment the command ships (spark_jobs/shipenv.py: packed once into a cache, passed
+with ``--archives ENV.tar.gz#environment`` and ``spark.pyspark.python``), unless
+PYSPARK_PYTHON names the Python they have (the docker-compose image does); the job's
+session checks they can import what it needs before it starts (spark_jobs/session.py).
 
 Only the CLI process imports this module (server/commands/cli.py, which owns the commands'
 flags and settings); executors never do.
@@ -25,6 +29,8 @@ import tempfile
 import zipfile
 from collections.abc import Sequence
 from typing import TextIO
+
+from spark_jobs import shipenv
 
 EXIT_FAILURE = 1
 # Packages an executor imports: pure code, no server.
@@ -46,21 +52,31 @@ logger.native.level = error
 """
 
 
-def run_job(job: str, master: str, job_args: Sequence[str], out: TextIO | None = None) -> int:
-    """spark-submit one job module; stream its output to `out`; return its exit code."""
+def run_job(
+    job: str,
+    master: str,
+    job_args: Sequence[str],
+    out: TextIO | None = None,
+    env_cache: str | None = None,
+) -> int:
+    """spark-submit one job module; stream its output to `out`; return its exit code.
+    `env_cache`: where the executors' environment archive is kept (shipenv's default if
+    None); a local master needs none."""
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="sharecoord-spark-") as workdir:
         try:
-            command = submit_command(job, master, job_args, workdir)
+            shipping = shipping_options(job, master, env_cache, out)
+            command = submit_command(job, master, job_args, workdir, shipping)
         except FileNotFoundError as exc:
             print(f"sharecoord {job}: {exc}", file=sys.stderr)
             return EXIT_FAILURE
-        if not master.startswith("local") and not os.environ.get("PYSPARK_PYTHON"):
+        except shipenv.PackError as exc:
             print(
-                f"sharecoord {job}: PYSPARK_PYTHON is not set: the executors run their "
-                "python3, which needs msgpack, msgspec and pyarrow (docs/operations.md)",
+                f"sharecoord {job}: cannot pack the Python environment the executors of "
+                f"{master} need: {exc}",
                 file=sys.stderr,
             )
+            return EXIT_FAILURE
         with subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -76,8 +92,44 @@ def run_job(job: str, master: str, job_args: Sequence[str], out: TextIO | None =
         return process.returncode
 
 
-def submit_command(job: str, master: str, job_args: Sequence[str], workdir: str) -> list[str]:
-    """The spark-submit command line for `job`, its zip and logging config in `workdir`."""
+def shipping_options(job: str, master: str, env_cache: str | None, out: TextIO) -> list[str]:
+    """spark-submit's options that make the executors run this environment: none for a
+    local master (they run this interpreter) or when PYSPARK_PYTHON names theirs; else
+    the packed environment (shipenv), built now if the cache lacks it."""
+    if master.startswith("local") or os.environ.get("PYSPARK_PYTHON"):
+        return []
+
+    def say_packing(path: str) -> None:
+        out.write(f"sharecoord {job}: packing the executors' Python environment into {path}\n")
+        out.flush()
+
+    packed = shipenv.packed_environment(env_cache, say_packing)
+    how = f"packed in {packed.seconds:.1f} s" if packed.built else "cached"
+    out.write(
+        f"sharecoord {job}: shipping the executors' Python environment {packed.path} "
+        f"({packed.size_bytes / 2**20:.0f} MiB, {how})\n"
+    )
+    out.flush()
+    return [
+        "--archives",
+        f"{packed.path}#{shipenv.ARCHIVE_ALIAS}",
+        "--conf",
+        f"spark.pyspark.python={shipenv.SHIPPED_PYTHON}",
+        # spark.pyspark.python would be the driver's too: the driver runs here.
+        "--conf",
+        f"spark.pyspark.driver.python={sys.executable}",
+    ]
+
+
+def submit_command(
+    job: str,
+    master: str,
+    job_args: Sequence[str],
+    workdir: str,
+    shipping: Sequence[str] = (),
+) -> list[str]:
+    """The spark-submit command line for `job`, its zip and logging config in `workdir`,
+    with `shipping`'s options (shipping_options)."""
     log4j = os.path.join(workdir, "log4j2.properties")
     with open(log4j, "w", encoding="utf-8") as f:
         f.write(LOG4J2_PROPERTIES)
@@ -93,6 +145,7 @@ def submit_command(job: str, master: str, job_args: Sequence[str], workdir: str)
         "spark.ui.showConsoleProgress=false",
         "--driver-java-options",
         f"-Dlog4j2.configurationFile=file:{log4j}",
+        *shipping,
         job_file(job),
         *job_args,
     ]

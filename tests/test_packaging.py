@@ -56,14 +56,18 @@ def test_the_core_install_is_the_daemon_s_dependencies(project: dict[str, Any]) 
     }
     assert not core & NOT_FOR_THE_DAEMON
     extras = project["optional-dependencies"]
-    # pyarrow: the data source hands Arrow batches to the JVM; the history is Parquet.
-    assert names(extras["spark"]) == {"pyspark", "pyarrow", "matplotlib"}
+    # What a cluster's executors import, packed and shipped by the jobs (listed one by
+    # one: spark_jobs/shipenv.py packs exactly these and what they require). pyarrow:
+    # the data source hands Arrow batches to the JVM; the history is Parquet.
+    assert names(extras["spark-executor"]) == {"msgpack", "msgspec", "numpy", "pyarrow"}
+    assert "sharecoord[spark-executor]" in extras["spark"]
+    assert names(extras["spark"]) == {"sharecoord", "pyspark", "matplotlib", "packaging"}
     assert "pytest-asyncio" in names(extras["dev"])
     # The PostgreSQL store's driver: its own extra, which `make test` pulls in too.
     assert names(extras["postgres"]) == {"psycopg"}
     assert "sharecoord[postgres]" in extras["dev"]
     declared = core.union(*(names(e) for e in extras.values()))
-    assert declared >= REQUIRED | {"matplotlib"}
+    assert declared >= REQUIRED | {"matplotlib", "pyarrow"}
 
 
 def test_the_license_is_an_spdx_expression(project: dict[str, Any]) -> None:
@@ -97,6 +101,7 @@ def test_the_daemon_and_the_client_run_without_the_extras() -> None:
         "hypothesis",
         "yaml",
         "psycopg",
+        "packaging",
     )
     code = "; ".join(
         [

@@ -65,7 +65,9 @@ def run_compact(args: argparse.Namespace) -> int:
     job_args += ["--segment-bytes", str(values["segment_bytes"])]
     if history_dir is not None:
         job_args += ["--history-dir", os.path.abspath(history_dir)]
-    return submit.run_job("compact", values["master"], job_args)
+    return submit.run_job(
+        "compact", values["master"], job_args, env_cache=values["spark_env_cache"]
+    )
 
 
 def run_audit(args: argparse.Namespace) -> int:
@@ -81,7 +83,7 @@ def run_audit(args: argparse.Namespace) -> int:
     job_args += ["--delivery-limit", str(values["delivery_limit"])]
     if values["since_last"]:
         job_args.append("--since-last")
-    return submit.run_job("audit", values["master"], job_args)
+    return submit.run_job("audit", values["master"], job_args, env_cache=values["spark_env_cache"])
 
 
 def _not_on_postgres(state_store: str | None, command: str) -> None:

@@ -76,11 +76,29 @@ MASTER = Setting(
     "any URL Spark takes (`spark://HOST:7077`, `yarn`, ...)",
 )
 
+# Where the jobs keep the Python environment they ship to a cluster's executors
+# (spark_jobs/shipenv.py): the cache, not the archive, so a changed venv packs anew.
+SPARK_ENV_CACHE = Setting(
+    "spark_env_cache",
+    None,
+    "Where the jobs keep the Python environment they pack and ship to a cluster's "
+    "executors (--archives), one archive per environment; a changed environment packs a "
+    "new one. Default: $XDG_CACHE_HOME/sharecoord/spark-env (~/.cache/...). Not used by "
+    "local masters, nor when PYSPARK_PYTHON names the executors' Python. An empty value "
+    "means the default.",
+    parse_optional_path,
+    metavar="DIR",
+    meaning="where the Python environment shipped to a cluster's executors is packed and "
+    "kept (`~/.cache/sharecoord/spark-env`); local masters and a set `PYSPARK_PYTHON` "
+    "need none",
+)
+
 COMPACT_SETTINGS = command(
     "compact",
     (
         DATA_DIR,
         MASTER,
+        SPARK_ENV_CACHE,
         _int(
             "tombstone_retention_ms",
             86_400_000,
@@ -151,6 +169,7 @@ AUDIT_SETTINGS = command(
             "brokers' `group.share.delivery.count.limit`",
         ),
         MASTER,
+        SPARK_ENV_CACHE,
         Setting(
             "since_last",
             False,

@@ -32,7 +32,7 @@ def job_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, list[str]]
     """Record the jobs the CLI would submit instead of starting Spark."""
     runs: list[tuple[str, str, list[str]]] = []
 
-    def run_job(job: str, master: str, job_args: list[str]) -> int:
+    def run_job(job: str, master: str, job_args: list[str], env_cache: str | None = None) -> int:
         runs.append((job, master, list(job_args)))
         return 0
 
@@ -340,13 +340,3 @@ def test_a_cluster_master_runs_the_driver_with_this_python(
         env = submit.job_environment(master)
         assert env["PYSPARK_DRIVER_PYTHON"] == sys.executable
         assert "PYSPARK_PYTHON" not in env  # the executors' Python is the cluster's
-
-
-def test_a_cluster_master_without_pyspark_python_warns_what_the_executors_need(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    monkeypatch.delenv("PYSPARK_PYTHON", raising=False)
-    monkeypatch.setattr(submit, "submit_command", lambda *a: [sys.executable, "-c", "pass"])
-    assert submit.run_job("compact", "spark://m:7077", ["--data-dir", "/d"]) == 0
-    err = capsys.readouterr().err
-    assert "PYSPARK_PYTHON is not set" in err and "msgpack" in err
