@@ -376,3 +376,28 @@ async def test_a_commit_while_the_server_is_down_fails_cleanly_and_the_next_succ
     assert await asyncio.to_thread(rows_of, server, store, 0) == [0, 1, 2, 3, 4]
     assert [r.offset for r in again] == [3, 4]
     figures.set("failed_commits", 1)
+
+
+def test_a_store_of_version_1_is_upgraded_with_its_records_kept(postgres: PostgresServer) -> None:
+    """Version 2 added the history (a table, its watermarks and a column saying whether
+    it is kept): a store a version-1 daemon created gains them, keeping what it holds."""
+    schema = fresh_schema()
+    store = open_led(postgres.uri(), 2, schema=schema)
+    append_records(store.partition(0), 3)
+    batch = store.partition(0).take_pending()
+    assert store.commit_cycle([(0, batch)]).shared is None
+    store.close()
+    postgres.execute(
+        f"DROP TABLE {schema}.sharecoord_history, {schema}.sharecoord_history_marks; "
+        f"ALTER TABLE {schema}.sharecoord_schema DROP COLUMN history_retention_ms; "
+        f"UPDATE {schema}.sharecoord_schema SET version = 1"
+    )
+    PostgresStore.open(postgres.uri(), 2, 1, schema=schema).close()
+    assert (
+        postgres.execute(
+            f"SELECT version, history_retention_ms IS NULL FROM {schema}.sharecoord_schema"
+        )
+        == f"{SCHEMA_VERSION}|t"
+    )
+    assert postgres.execute(f"SELECT count(*) FROM {schema}.sharecoord_history") == "0"
+    assert postgres.execute(f"SELECT count(*) FROM {schema}.sharecoord_records") == "3"
