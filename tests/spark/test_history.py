@@ -39,6 +39,7 @@ from tests.spark.test_audit import (
     NUM_PARTITIONS,
     START_OFFSET_BACKWARDS,
     TOPIC,
+    appended_of,
     b,
     build,
     key,
@@ -52,12 +53,19 @@ FILLER = key("filler")
 def planted_log(data_dir: str) -> tuple[list[Appended], Appended]:
     """A start offset going backwards early in the log, then enough traffic on another
     key of the same state partition that compaction and pruning have work to do."""
+    appended, planted = planted_log_records()
+    write_log(data_dir, appended, NUM_PARTITIONS, 300)
+    return appended, planted
+
+
+def planted_log_records() -> tuple[list[Appended], Appended]:
+    """planted_log's records, written nowhere."""
     victim = key("victim")
     records: list[Record] = [snap(victim, 1, 10), upd(victim, 15), upd(victim, 12)]
     records += [snap(FILLER, 1, 0, b(0, 3, AVAILABLE, 1))]
     records += [upd(FILLER, -1, b(i, i, AVAILABLE, 1)) for i in range(40)]
     records += [snap(victim, 1, 20), snap(FILLER, 1, 50)]
-    appended = build(data_dir, records, segment_bytes=300)
+    appended = appended_of(records)
     (planted,) = [a for a in appended if a.record is records[2]]
     return appended, planted
 
