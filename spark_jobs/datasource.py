@@ -14,7 +14,9 @@ store is named by options instead of a path, as ``sharecoord serve`` takes it:
            .option("state_store_schema", "public")      # the default
            .load())
 
-the same columns and rows: the history table below each state partition's watermark
+(without a path or ``state_store``, ``SHARECOORD_STATE_STORE`` and
+``SHARECOORD_STATE_STORE_SCHEMA`` name it, as for ``sharecoord serve``), the same
+columns and rows: the history table below each state partition's watermark
 and the records table at and above it, each state partition read by one COPY in one
 transaction (psycopg must be importable on the executors: the ``postgres`` extra).
 
@@ -35,6 +37,7 @@ pyarrow: the Python Data Source API hands rows to the JVM as Arrow batches.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +45,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from spark_jobs.columns import SOURCE_DDL
 from spark_jobs.logsource import Piece, Source, piece_bytes, plan, read_piece
-from spark_jobs.storeref import StoreRef
+from spark_jobs.storeref import STATE_STORE_ENV, StoreRef
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -52,6 +55,7 @@ if TYPE_CHECKING:
 NAME = "sharecoord"
 PARTITIONINGS = ("segment", "state_partition")
 DEFAULT_TASK_BYTES = 16 * 1024 * 1024
+SCHEMA_ENV = "SHARECOORD_STATE_STORE_SCHEMA"
 
 
 class ShareLogDataSource(DataSource):
@@ -77,11 +81,12 @@ class _Pieces(InputPartition):
 
 class ShareLogReader(DataSourceReader):
     def __init__(self, options: dict[str, Any]) -> None:
-        uri = options.get("state_store")
-        self.store = (
-            None if not uri else StoreRef(str(uri), options.get("state_store_schema") or "public")
-        )
         path = options.get("path")
+        uri = options.get("state_store")
+        if not uri and not path:  # as serve takes it: the environment names the store
+            uri = os.environ.get(STATE_STORE_ENV)
+        schema = options.get("state_store_schema") or os.environ.get(SCHEMA_ENV) or "public"
+        self.store = None if not uri else StoreRef(str(uri), str(schema))
         if not path and self.store is None:
             raise ValueError(
                 'the sharecoord format needs a data directory, .load("/data"), or a '

@@ -29,7 +29,7 @@ import pyarrow as pa
 from persistence import LogError
 from persistence.postgres import history
 from persistence.postgres.connection import connect, unavailable
-from persistence.postgres.schema import StoreFacts, Tables, read_facts
+from persistence.postgres.schema import SCHEMA_VERSION, StoreFacts, Tables, read_facts
 from spark_jobs.logsource import to_batches
 from spark_jobs.sealed import RawRecord
 from spark_jobs.storeref import StoreRef
@@ -60,6 +60,17 @@ def store_facts(store: StoreRef) -> StoreFacts:
             f"PostgreSQL store {store}: no sharecoord store there (no "
             f"{store.schema}.sharecoord_schema table): start a node on it first, or "
             "give the schema its nodes use (--state-store-schema)"
+        )
+    if facts.version != SCHEMA_VERSION:
+        newer = facts.version > SCHEMA_VERSION
+        raise LogError(
+            f"PostgreSQL store {store}: its tables are at version {facts.version}, "
+            + (
+                f"newer than this sharecoord knows ({SCHEMA_VERSION}): run a newer sharecoord"
+                if newer
+                else f"this sharecoord needs {SCHEMA_VERSION}: upgrade the nodes first "
+                "(a node of this version brings the tables up to date as it starts)"
+            )
         )
     return facts
 

@@ -242,6 +242,7 @@ def schema_version(conn: psycopg.Connection[Any], tables: Tables) -> int:
 class StoreFacts:
     """What a store's sharecoord_schema row says besides its version."""
 
+    version: int
     num_partitions: int
     history_retention_ms: int | None  # None: the store keeps no history
 
@@ -256,11 +257,13 @@ def read_facts(conn: psycopg.Connection[Any], tables: Tables) -> StoreFacts | No
     if row is None:
         return None
     num_partitions = int(row[0])
-    if schema_version(conn, tables) < 2:
-        return StoreFacts(num_partitions, None)
+    version = schema_version(conn, tables)
+    if version < 2:
+        return StoreFacts(version, num_partitions, None)
     retention = conn.execute(tables.sql("SELECT history_retention_ms FROM {version}")).fetchone()
     assert retention is not None
-    return StoreFacts(num_partitions, None if retention[0] is None else int(retention[0]))
+    kept = None if retention[0] is None else int(retention[0])
+    return StoreFacts(version, num_partitions, kept)
 
 
 def declare_history(

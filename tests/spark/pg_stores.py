@@ -16,6 +16,7 @@ import psycopg
 from persistence.postgres import PostgresStore
 from protocol.messages import AdminState
 from protocol.records import SNAPSHOT_RECORD_TYPE, ShareKey, encode_record
+from protocol.shard import ShardConfig, ShareCoordinatorShard
 from spark_jobs.sealed import RawRecord
 from spark_jobs.storeref import StoreRef
 from tests.persistence.stores import StoreOpener, fresh_schema, postgres_opener
@@ -106,6 +107,9 @@ class PgLog:
                     assert not snapshots and since <= ours[0][0], (p, key)
 
 
+SECRET = "pw-never-shown"
+
+
 def write_store(server: PostgresServer, written: Sequence[Appended], num_partitions: int) -> PgLog:
     """``written`` committed into a new store (offsets as given, in order)."""
     schema = fresh_schema()
@@ -116,7 +120,10 @@ def write_store(server: PostgresServer, written: Sequence[Appended], num_partiti
     finally:
         store.close()
         opener.opened.remove(store)
-    return PgLog(server, opener, StoreRef(server.uri(), schema), num_partitions, list(written))
+    # The jobs are given a password (the test server trusts loopback and ignores it):
+    # no output of theirs may show it.
+    store = StoreRef(server.uri(password=SECRET), schema)
+    return PgLog(server, opener, store, num_partitions, list(written))
 
 
 def append(store: PostgresStore, written: Sequence[Appended]) -> None:
@@ -146,3 +153,21 @@ def write_more(log: PgLog, more: Sequence[Appended]) -> None:
         store.close()
         log.opener.opened.remove(store)
     log.written += more
+
+
+def prune_as_the_daemon_does(log: PgLog, p: int) -> int:
+    """PostgresPartition.prune below the partition's last redundant offset, as the
+    daemon's prune job computes it (its shard's lowest latest-snapshot offset)."""
+    shard = ShareCoordinatorShard(ShardConfig())
+    for offset, record in decoded(log.rows("records", p)):
+        shard.replay(offset, record)
+    mark = shard.last_redundant_offset()
+    assert mark is not None
+    store: PostgresStore = log.opener.open()  # type: ignore[assignment]
+    try:
+        deleted = store.partition(p).prune(mark)
+    finally:
+        store.close()
+        log.opener.opened.remove(store)
+    assert deleted
+    return mark

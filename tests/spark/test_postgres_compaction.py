@@ -10,20 +10,17 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from persistence.postgres import PostgresStore
 from protocol.records import ShareKey, ShareTombstone
-from protocol.shard import ShardConfig, ShareCoordinatorShard
 from spark_jobs import pgcompact
 from spark_jobs.pgsource import read_log_below_end, read_partition
 from tests.postgres import PostgresServer
 from tests.spark.histories import (
-    decoded,
     raw_records,
     rpc_histories,
     run_rpcs,
     state_partition_of,
 )
-from tests.spark.pg_stores import PgLog, write_store
+from tests.spark.pg_stores import PgLog, prune_as_the_daemon_does, write_store
 from tests.spark.test_audit import AVAILABLE, appended_of, b, key, snap, upd
 from tests.spark.test_audit import NUM_PARTITIONS as PLANTED_PARTITIONS
 from tests.spark.test_history import planted_log_records
@@ -147,24 +144,6 @@ def test_a_prune_between_the_read_and_the_swap_is_folded_again(postgres: Postgre
 
 def partition_of(k: ShareKey) -> int:
     return state_partition_of(k, PLANTED_PARTITIONS)
-
-
-def prune_as_the_daemon_does(log: PgLog, p: int) -> int:
-    """PostgresPartition.prune below the partition's last redundant offset, as the
-    daemon's prune job computes it (its shard's lowest latest-snapshot offset)."""
-    shard = ShareCoordinatorShard(ShardConfig())
-    for offset, record in decoded(log.rows("records", p)):
-        shard.replay(offset, record)
-    mark = shard.last_redundant_offset()
-    assert mark is not None
-    store: PostgresStore = log.opener.open()  # type: ignore[assignment]
-    try:
-        deleted = store.partition(p).prune(mark)
-    finally:
-        store.close()
-        log.opener.opened.remove(store)
-    assert deleted
-    return mark
 
 
 def test_pruning_with_the_history_kept_moves_what_it_deletes(postgres: PostgresServer) -> None:
