@@ -28,6 +28,10 @@ counted once, with the count it had when it left the state or at the end), the m
 redelivered offset ranges, and a state summary per share-partition. Output in --out:
 summary.json, violations.parquet (the detail table), delivery_counts.png and
 index.html (spark_jobs/audit_report.py).
+
+Given `--state-store` (the URI best in $SHARECOORD_STATE_STORE) instead of `--data-dir`,
+each task reads a state partition of a PostgreSQL store, its history and its log, by
+COPY out (spark_jobs/pgsource.py); the rest is the same.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ and prints `committed: self`; if the daemon holds it, it prints `staged: the
 running daemon commits it` (the daemon's periodic scan, or
 `POST /v1/admin/compaction/commit`). Then one summary line. Exit 0, or 1 if a partition
 could not be compacted (damage, or records the daemon could not load).
+
+Given `--state-store` (the URI best in $SHARECOORD_STATE_STORE, where `ps` does not show
+it) instead of `--data-dir`, the job compacts a PostgreSQL store: spark_jobs/pgcompact.py.
 """
 
 from __future__ import annotations

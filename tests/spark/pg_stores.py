@@ -171,3 +171,21 @@ def prune_as_the_daemon_does(log: PgLog, p: int) -> int:
         log.opener.opened.remove(store)
     assert deleted
     return mark
+
+
+def prune_after_new_snapshots(log: PgLog, p: int) -> list[Appended]:
+    """What a node does next on a compacted partition: each key's last snapshot written
+    again (the same state), then a prune as the daemon's, which now has the compacted
+    records to delete. Returns the records written."""
+    last: dict[bytes, Appended] = {}
+    for item in log.written:
+        if item.state_partition == p and item.record is not None:
+            record_type, key, value = encode_record(item.record)
+            if record_type == SNAPSHOT_RECORD_TYPE and value is not None:
+                last[key] = item
+    end = max(a.offset for a in log.written if a.state_partition == p) + 1
+    stamp = max(a.timestamp for a in log.written) + 1
+    again = [Appended(p, end + i, stamp + i, item.record) for i, item in enumerate(last.values())]
+    write_more(log, again)
+    prune_as_the_daemon_does(log, p)
+    return again
