@@ -3,7 +3,7 @@
     python -m bench [--quick]
                     [--only http,kafka,kafka-peer,latency,peers,cluster,commit,entry,recovery,
                             memory,spark]
-                    (or compact,audit,source: parts of spark)
+                    (or compact,audit,source,spark-pg: parts of spark)
                     [--duration S]
 
 `cluster` runs writes on the PostgreSQL store beside the local one and a node's
@@ -690,7 +690,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         if "memory" in only:
             results["memory"] = [memory_scenario(work, 20_000 if args.quick else 200_000)]
-        if only & {"spark", "compact", "audit", "source"}:
+        if only & {"spark", "compact", "audit", "source", "spark-pg"}:
             results["spark"] = spark_scenarios(work, args.quick, only)
     paths = report.save(results, RESULTS)
     print(paths["markdown"].read_text())
@@ -739,6 +739,10 @@ def spark_scenarios(work: Path, quick: bool, only: set[str]) -> list[dict[str, A
     ):
         if "spark" in only or name in only:
             rows += scenario(work, quick)
+    if "spark" in only or "spark-pg" in only:
+        from bench import spark_pg  # noqa: PLC0415 - psycopg and pyspark only when asked
+
+        rows += spark_pg.run(work, quick)
     return rows
 
 

@@ -28,6 +28,10 @@ counted once, with the count it had when it left the state or at the end), the m
 redelivered offset ranges, and a state summary per share-partition. Output in --out:
 summary.json, violations.parquet (the detail table), delivery_counts.png and
 index.html (spark_jobs/audit_report.py).
+
+Given `--state-store` (the URI best in $SHARECOORD_STATE_STORE) instead of `--data-dir`,
+each task reads a state partition of a PostgreSQL store, its history and its log, by
+COPY out (spark_jobs/pgsource.py); the rest is the same.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from spark_jobs.auditor import (
     finding_order,
 )
 from spark_jobs.session import Progress, spark_session, task_count
+from spark_jobs.storeref import StoreRef, add_state_store_args, state_store_of
 
 __all__ = [
     "DELIVERY_COUNT_BACKWARDS",
@@ -183,16 +188,16 @@ FINDINGS_ORDER = (STATE_PARTITION.name, LOG_OFFSET.name, "kind", "first_offset")
 
 def run_audit(
     spark: SparkSession,
-    data_dir: str,
+    data_dir: str | StoreRef,
     out_dir: str,
     delivery_limit: int,
     since_last: bool = False,
 ) -> tuple[AuditReport, str]:
-    """Audit every state partition (only what is new since the checkpoint in `out_dir`
-    with `since_last`); write the detail table and the checkpoint to `out_dir`; return
-    the collected report and the detail table's path."""
-    data_dir = os.path.abspath(data_dir)
-    num_partitions = int(read_meta(data_dir)["num_partitions"])
+    """Audit every state partition of a data directory or a PostgreSQL store (only what
+    is new since the checkpoint in `out_dir` with `since_last`); write the detail table
+    and the checkpoint to `out_dir`; return the collected report and the detail
+    table's path."""
+    location, name, num_partitions, history, kept = _location(data_dir)
     previous = checkpoint.read_checkpoint(out_dir) if since_last else None
     priors = checkpoint.load_states(out_dir, previous) if previous else {}
     sc = spark.sparkContext
@@ -206,7 +211,12 @@ def run_audit(
             sc.parallelize(range(num_partitions), task_count(sc, num_partitions))
             .map(
                 lambda p: audit_partition(
-                    data_dir, p, delivery_limit, prior_states.value.get(p), keep_state=True
+                    location,
+                    p,
+                    delivery_limit,
+                    prior_states.value.get(p),
+                    history=kept,
+                    keep_state=True,
                 )
             )
             .persist(StorageLevel.MEMORY_AND_DISK)
@@ -225,7 +235,7 @@ def run_audit(
                     counts[kind] = counts.get(kind, 0) + n
             sample = sorted((f for a in partials for f in a.first_findings), key=finding_order)
             report = AuditReport(
-                data_dir=data_dir,
+                data_dir=name,
                 delivery_limit=delivery_limit,
                 partitions=num_partitions,
                 records=sum(a.records for a in partials),
@@ -245,7 +255,7 @@ def run_audit(
                     r for a in partials for r in a.share_partitions
                 ),
                 mode="since last" if previous else "full",
-                history=_history_of(data_dir),
+                history=history,
                 windows=[window_row(a) for a in partials if not a.error],
                 earlier_violations=_earlier(partials),
             )
@@ -253,7 +263,7 @@ def run_audit(
             audits.unpersist()
             prior_states.destroy()
     fresh = checkpoint.Checkpoint(
-        data_dir, delivery_limit, partitions=dict(previous.partitions) if previous else {}
+        name, delivery_limit, partitions=dict(previous.partitions) if previous else {}
     )
     states = {a.partition: a.state for a in partials if not a.error and a.state}
     written = checkpoint.write_checkpoint(out_dir, previous, fresh, states)
@@ -300,6 +310,25 @@ def _earlier(partials: list[PartitionAudit]) -> dict[str, int]:
     return total
 
 
+def _location(
+    data_dir: str | StoreRef,
+) -> tuple[str | StoreRef, str, int, str | None, bool]:
+    """What the audit reads (a data directory's absolute path, or the store), its name
+    in the report and the checkpoint, its number of state partitions, where its history
+    is (None if it keeps none), and whether it keeps one."""
+    if isinstance(data_dir, StoreRef):
+        # Only here: the driver (psycopg) is needed on the PostgreSQL store alone.
+        from spark_jobs.pgsource import store_facts  # noqa: PLC0415
+
+        facts = store_facts(data_dir)
+        kept = facts.history_retention_ms is not None
+        table = f"{data_dir.schema}.sharecoord_history" if kept else None
+        return data_dir, str(data_dir), facts.num_partitions, table, kept
+    path = os.path.abspath(data_dir)
+    num_partitions = int(read_meta(path)["num_partitions"])
+    return path, path, num_partitions, _history_of(path), True
+
+
 def _history_of(data_dir: str) -> str | None:
     try:
         config = read_declaration(data_dir)
@@ -310,7 +339,8 @@ def _history_of(data_dir: str) -> str | None:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="audit.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--data-dir", default=None)
+    add_state_store_args(parser)
     parser.add_argument("--out", required=True)
     parser.add_argument("--delivery-limit", type=int, default=DEFAULT_DELIVERY_LIMIT)
     parser.add_argument("--since-last", action="store_true")
@@ -321,7 +351,9 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     args = parse_args(sys.argv[1:] if argv is None else argv)
     started = time.monotonic()
     out_dir = os.path.abspath(args.out)
-    problem = checkpoint.problem(out_dir, args.data_dir, args.delivery_limit, args.since_last)
+    store = state_store_of(args, "audit")
+    location: str | StoreRef = args.data_dir if store is None else store
+    problem = checkpoint.problem(out_dir, str(location), args.delivery_limit, args.since_last)
     if problem is not None:
         print(f"audit: {problem}", file=sys.stderr)
         return EXIT_USAGE
@@ -329,8 +361,11 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     spark = spark or spark_session("sharecoord-audit")
     try:
         os.makedirs(out_dir, exist_ok=True)
-        report, _ = run_audit(spark, args.data_dir, out_dir, args.delivery_limit, args.since_last)
+        report, _ = run_audit(spark, location, out_dir, args.delivery_limit, args.since_last)
         page = write_report(report, out_dir)
+    except LogError as exc:  # the store unreachable, or no store there: one line
+        print(f"audit: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     finally:
         if own_session:
             spark.stop()

@@ -46,6 +46,7 @@ from protocol.replay import (
     ShareStateMap,
 )
 from spark_jobs.logsource import Source, read_whole_partition
+from spark_jobs.storeref import StoreRef
 
 MOST_REDELIVERED = 20
 GAPS_KEPT = 20  # gap ranges listed per partition; all are counted
@@ -480,7 +481,7 @@ _DECODE = msgspec.msgpack.Decoder(_Dump).decode
 
 
 def audit_partition(
-    data_dir: str,
+    data_dir: str | StoreRef,
     partition: int,
     delivery_limit: int,
     prior: bytes | None = None,
@@ -488,14 +489,14 @@ def audit_partition(
     history: bool = True,
     keep_state: bool = False,
 ) -> PartitionAudit:
-    """Replay one state partition (its records after `prior`'s, if given, going on from
-    its state) and audit every record's effect. The log's own problems come back as the
-    result's error, never raised."""
+    """Replay one state partition of a data directory or a PostgreSQL store (its
+    records after `prior`'s, if given, going on from its state) and audit every
+    record's effect. The log's own problems come back as the result's error, never
+    raised."""
     auditor = Auditor.resume(partition, delivery_limit, prior)
     after = -1 if auditor.since.last_offset is None else auditor.since.last_offset
     try:
-        source = Source.open(data_dir, history=history)
-        for batch in read_whole_partition(source, partition, after):
+        for batch in _partition_batches(data_dir, partition, after, history):
             auditor.replay_batch(batch)
     except (LogError, RecordDecodeError, OSError, TypeError, ValueError) as exc:
         return PartitionAudit(partition, auditor.records, f"{type(exc).__name__}: {exc}")
@@ -503,6 +504,18 @@ def audit_partition(
     result = auditor.finish()
     result.state = state
     return result
+
+
+def _partition_batches(
+    data_dir: str | StoreRef, partition: int, after: int, history: bool
+) -> Iterator[pa.RecordBatch]:
+    if isinstance(data_dir, StoreRef):
+        # Only here: the driver (psycopg) is needed on the PostgreSQL store alone.
+        from spark_jobs.pgsource import read_partition_batches  # noqa: PLC0415
+
+        yield from read_partition_batches(data_dir, partition, after, with_history=history)
+    else:
+        yield from read_whole_partition(Source.open(data_dir, history=history), partition, after)
 
 
 def replay_records(auditor: Auditor, records: Iterable[tuple[int, int, Record]]) -> None:

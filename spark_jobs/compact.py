@@ -22,6 +22,9 @@ and prints `committed: self`; if the daemon holds it, it prints `staged: the
 running daemon commits it` (the daemon's periodic scan, or
 `POST /v1/admin/compaction/commit`). Then one summary line. Exit 0, or 1 if a partition
 could not be compacted (damage, or records the daemon could not load).
+
+Given `--state-store` (the URI best in $SHARECOORD_STATE_STORE, where `ps` does not show
+it) instead of `--data-dir`, the job compacts a PostgreSQL store: spark_jobs/pgcompact.py.
 """
 
 from __future__ import annotations
@@ -70,6 +73,7 @@ from spark_jobs.history import SegmentRecords, export_segment
 from spark_jobs.preflight import anything_to_compact
 from spark_jobs.sealed import RawRecord, iter_sealed_segments
 from spark_jobs.session import Progress, spark_session, task_count
+from spark_jobs.storeref import StoreRef, add_state_store_args, state_store_of
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -393,7 +397,8 @@ def history_config(
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="compact.py", description=__doc__.split("\n")[0])
-    parser.add_argument("--data-dir", required=True)
+    parser.add_argument("--data-dir", default=None)
+    add_state_store_args(parser)
     parser.add_argument(
         "--tombstone-retention-ms", type=int, default=DEFAULT_TOMBSTONE_RETENTION_MS
     )
@@ -405,6 +410,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    store = state_store_of(args, "compact")
+    if store is not None:
+        return _on_store(store, args, spark)
     try:
         history = history_config(args.data_dir, args.history_dir, args.history_retention_ms)
     except ValueError as exc:
@@ -418,6 +426,25 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
     spark = spark or spark_session("sharecoord-compact")
     try:
         return run_compaction(spark, args.data_dir, args.tombstone_retention_ms, history=history)
+    finally:
+        if own_session:
+            spark.stop()
+
+
+def _on_store(store: StoreRef, args: argparse.Namespace, spark: SparkSession | None) -> int:
+    """The job over a PostgreSQL store (spark_jobs/pgcompact.py)."""
+    # Only here: the driver (psycopg) is needed on the PostgreSQL store alone.
+    from spark_jobs import pgcompact  # noqa: PLC0415
+
+    own_session = spark is None
+    spark = spark or spark_session("sharecoord-compact")
+    try:
+        return pgcompact.run_compaction(
+            spark, store, args.tombstone_retention_ms, args.history_retention_ms
+        )
+    except LogError as exc:
+        print(f"compact: {exc}", file=sys.stderr)
+        return EXIT_FAILURE
     finally:
         if own_session:
             spark.stop()

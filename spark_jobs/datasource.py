@@ -6,6 +6,20 @@ one (spark_jobs/logsource.py says how they meet).
     register(spark)                      # once per session
     log = spark.read.format("sharecoord").load("/var/lib/sharecoord")
 
+Over the PostgreSQL store (docs/design.md#the-spark-jobs-on-postgresql), the
+store is named by options instead of a path, as ``sharecoord serve`` takes it:
+
+    log = (spark.read.format("sharecoord")
+           .option("state_store", "postgresql://sharecoord@db1:5432/sharecoord")
+           .option("state_store_schema", "public")      # the default
+           .load())
+
+(without a path or ``state_store``, ``SHARECOORD_STATE_STORE`` and
+``SHARECOORD_STATE_STORE_SCHEMA`` name it, as for ``sharecoord serve``), the same
+columns and rows: the history table below each state partition's watermark
+and the records table at and above it, each state partition read by one COPY in one
+transaction (psycopg must be importable on the executors: the ``postgres`` extra).
+
 Options:
 
 * ``history`` (default true): false reads the live log alone;
@@ -23,6 +37,7 @@ pyarrow: the Python Data Source API hands rows to the JVM as Arrow batches.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +46,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from spark_jobs.columns import SOURCE_DDL
 from spark_jobs.logsource import Piece, Source, piece_bytes, plan, read_piece
 from spark_jobs.session import register_data_source
+from spark_jobs.storeref import STATE_STORE_ENV, StoreRef
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -40,6 +56,7 @@ if TYPE_CHECKING:
 NAME = "sharecoord"
 PARTITIONINGS = ("segment", "state_partition")
 DEFAULT_TASK_BYTES = 16 * 1024 * 1024
+SCHEMA_ENV = "SHARECOORD_STATE_STORE_SCHEMA"
 
 
 class ShareLogDataSource(DataSource):
@@ -66,9 +83,17 @@ class _Pieces(InputPartition):
 class ShareLogReader(DataSourceReader):
     def __init__(self, options: dict[str, Any]) -> None:
         path = options.get("path")
-        if not path:
-            raise ValueError('the sharecoord format needs a data directory: .load("/data")')
-        self.path = str(path)
+        uri = options.get("state_store")
+        if not uri and not path:  # as serve takes it: the environment names the store
+            uri = os.environ.get(STATE_STORE_ENV)
+        schema = options.get("state_store_schema") or os.environ.get(SCHEMA_ENV) or "public"
+        self.store = None if not uri else StoreRef(str(uri), str(schema))
+        if not path and self.store is None:
+            raise ValueError(
+                'the sharecoord format needs a data directory, .load("/data"), or a '
+                'PostgreSQL store, .option("state_store", "postgresql://...").load()'
+            )
+        self.path = str(path or "")
         self.history = str(options.get("history", "true")).strip().lower() != "false"
         partitioning = str(options.get("partitioning", "segment")).strip().lower()
         if partitioning not in PARTITIONINGS:
@@ -80,6 +105,8 @@ class ShareLogReader(DataSourceReader):
         self.partitions_wanted = [int(p) for p in chosen.split(",")] if chosen else None
 
     def partitions(self) -> list[InputPartition]:
+        if self.store is not None:
+            return self._store_partitions(self.store)
         source = Source.open(self.path, history=self.history)
         wanted = self.partitions_wanted
         if wanted is None:
@@ -89,9 +116,41 @@ class ShareLogReader(DataSourceReader):
             return [_Pieces([piece]) for piece in pieces]
         return [_Pieces(group) for group in group_pieces(pieces, self.task_bytes)]
 
+    def _store_partitions(self, store: StoreRef) -> list[InputPartition]:
+        """A piece per state partition of the store, read whole by one COPY
+        (spark_jobs/pgsource.py); with ``segment`` partitioning, as many to a task as
+        make about ``task_bytes``."""
+        # Only here: the driver (psycopg) is needed on the PostgreSQL store alone.
+        from spark_jobs.pgsource import partition_sizes, store_facts  # noqa: PLC0415
+
+        facts = store_facts(store)
+        wanted = self.partitions_wanted
+        if wanted is None:
+            wanted = list(range(facts.num_partitions))
+        kept = self.history and facts.history_retention_ms is not None
+        pieces = [("store", store, p, self.after.get(p, -1), kept) for p in wanted]
+        if self.whole:
+            return [_Pieces([piece]) for piece in pieces]
+        sizes = partition_sizes(store)
+        groups: list[list[Piece]] = [[]]
+        filled = 0
+        for piece in pieces:
+            if groups[-1] and filled >= self.task_bytes:
+                groups.append([])
+                filled = 0
+            groups[-1].append(piece)
+            filled += sizes.get(piece[2], 0)
+        return [_Pieces(group) for group in groups]
+
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         for piece in partition.value:
-            yield from read_piece(piece)
+            if piece[0] == "store":
+                from spark_jobs.pgsource import read_partition_batches  # noqa: PLC0415
+
+                _, store, state_partition, after, kept = piece
+                yield from read_partition_batches(store, state_partition, after, with_history=kept)
+            else:
+                yield from read_piece(piece)
 
 
 def group_pieces(pieces: list[Piece], task_bytes: int) -> list[list[Piece]]:

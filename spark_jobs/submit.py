@@ -22,6 +22,7 @@ flags and settings); executors never do.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -33,8 +34,9 @@ from typing import TextIO
 from spark_jobs import shipenv
 
 EXIT_FAILURE = 1
-# Packages an executor imports: pure code, no server.
-SHIPPED_PACKAGES = ("protocol", "persistence", "spark_jobs")
+# Packages an executor imports: pure code, no server. persistence.postgres is read by
+# the jobs over the PostgreSQL store only (it needs psycopg, which only they import).
+SHIPPED_PACKAGES = ("protocol", "persistence", "persistence.postgres", "spark_jobs")
 JOB_FILES = {"compact": "compact.py", "audit": "audit.py"}
 
 # The driver JVM's logging: warnings and errors only, on stderr; no banner about the
@@ -173,12 +175,17 @@ def build_py_files(zip_path: str) -> str:
             package_dir = _package_dir(package)
             for name in sorted(os.listdir(package_dir)):
                 if name.endswith(".py"):
-                    archive.write(os.path.join(package_dir, name), f"{package}/{name}")
+                    arcname = f"{package.replace('.', '/')}/{name}"
+                    archive.write(os.path.join(package_dir, name), arcname)
     return zip_path
 
 
 def _package_dir(package: str) -> str:
-    directory = os.path.dirname(os.path.abspath(importlib.import_module(package).__file__ or ""))
+    # Found, not imported: persistence.postgres imports psycopg, which a data
+    # directory's job does not need.
+    spec = importlib.util.find_spec(package)
+    origin = "" if spec is None or spec.origin is None else spec.origin
+    directory = os.path.dirname(os.path.abspath(origin))
     if not os.path.isfile(os.path.join(directory, "__init__.py")):
         raise FileNotFoundError(f"package {package}: no sources at {directory}")
     return directory

@@ -230,23 +230,25 @@ class PostgresPartition:
         self, below_offset: int, may_delete: Callable[[SegmentState], bool] | None = None
     ) -> list[str]:
         """Delete every record below `below_offset` (and the keys rows none of whose
-        records remain). The store keeps no history yet: `may_delete` must be None."""
-        if may_delete is not None:
-            raise LogError("a PostgreSQL store keeps no history yet: nothing is exported")
+        records remain). When the store keeps a history (sharecoord_schema says so),
+        the same transaction moves them into it first (history.py): nothing waits to be
+        exported, so `may_delete`, the local history's question, is not asked."""
         if not self._opened:
             raise LogError(f"{self!r} is not open")
         below = min(below_offset, self._durable_end_offset)
-        deleted, size = self._store.delete_below(self.partition, below)
+        deleted, size, moved = self._store.delete_below(self.partition, below)
         if deleted:
             self._log_start_offset = max(self._log_start_offset, below)
             self._size_bytes = max(0, self._size_bytes - size)
+            kept = f" ({moved} moved into the history)" if moved else ""
             _log.info(
-                "state partition %d: pruned %d records below offset %d",
+                "state partition %d: pruned %d records below offset %d%s",
                 self.partition,
                 deleted,
                 below,
+                kept,
             )
-            return [f"{deleted} records below offset {below}"]
+            return [f"{deleted} records below offset {below}{kept}"]
         return []
 
     def pending_compactions(self) -> list[int]:

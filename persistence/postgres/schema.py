@@ -16,6 +16,17 @@ nothing of theirs::
                         state partition, under which epoch, until when (PostgreSQL's
                         clock); a row per partition from the start, epoch 0, no leader
     sharecoord_nodes    node_id, http_listener, kafka_listener, last_heartbeat
+    sharecoord_history  the records compaction and pruning took out of the log (same
+                        columns as sharecoord_records, same primary key), while the
+                        store keeps a history (version 2)
+    sharecoord_history_marks  state_partition, watermark: below it the history holds
+                        the partition's records as written, and the log only what
+                        compaction folded them into (version 2)
+
+``sharecoord_schema.history_retention_ms`` (version 2) says whether the store keeps a
+history: NULL, none; -1, for ever; else how long (by the records' timestamps) the
+compaction job keeps it. The compaction job sets it; pruning reads it in the
+transaction that deletes, and moves the rows into the history there.
 
 Why each index exists (docs/design.md#the-postgresql-store):
 
@@ -29,6 +40,9 @@ Why each index exists (docs/design.md#the-postgresql-store):
 * leaders (state_partition), the primary key: the commit locks the rows of its
   partitions by it (FOR SHARE), a claim updates one row by it.
 * nodes (node_id), the primary key: a heartbeat upserts its row.
+* history (state_partition, offset), the primary key: a record is moved into the
+  history once (a folded record that stands at an exported offset is not: the insert
+  skips the conflict), and the audit reads a partition's history in offset order.
 There is no index on leaders.node_id: renewing a node's leases reads a table of
 num_partitions rows (50 by default), which a sequential scan reads faster than an
 index would.
@@ -50,7 +64,7 @@ from psycopg import sql
 
 from persistence.errors import LogError, MetaMismatchError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PREFIX = "sharecoord_"
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 
@@ -91,6 +105,14 @@ class Tables:
     def version(self) -> sql.Composed:
         return self.name("schema")
 
+    @property
+    def history(self) -> sql.Composed:
+        return self.name("history")
+
+    @property
+    def history_marks(self) -> sql.Composed:
+        return self.name("history_marks")
+
     def sql(self, template: str, **names: Any) -> sql.Composed:
         """``template`` with {records}, {keys}, {leaders}, {nodes}, {version}, {schema}
         filled in as identifiers (and any other name given)."""
@@ -100,6 +122,8 @@ class Tables:
             leaders=self.leaders,
             nodes=self.nodes,
             version=self.version,
+            history=self.history,
+            history_marks=self.history_marks,
             schema=sql.Identifier(self.schema),
             **names,
         )
@@ -133,6 +157,20 @@ _STEPS: list[list[str]] = [
             http_listener text,
             kafka_listener text,
             last_heartbeat timestamptz NOT NULL)""",
+    ],
+    [
+        """CREATE TABLE {history} (
+            state_partition integer NOT NULL,
+            "offset" bigint NOT NULL,
+            record_type smallint NOT NULL,
+            key bytea NOT NULL,
+            value bytea,
+            "timestamp" bigint NOT NULL,
+            PRIMARY KEY (state_partition, "offset"))""",
+        """CREATE TABLE {history_marks} (
+            state_partition integer PRIMARY KEY,
+            watermark bigint NOT NULL)""",
+        "ALTER TABLE {version} ADD COLUMN history_retention_ms bigint",
     ],
 ]
 
@@ -198,3 +236,39 @@ def schema_version(conn: psycopg.Connection[Any], tables: Tables) -> int:
     row = conn.execute(tables.sql("SELECT version FROM {version}")).fetchone()
     assert row is not None
     return int(row[0])
+
+
+@dataclass(frozen=True)
+class StoreFacts:
+    """What a store's sharecoord_schema row says besides its version."""
+
+    version: int
+    num_partitions: int
+    history_retention_ms: int | None  # None: the store keeps no history
+
+
+def read_facts(conn: psycopg.Connection[Any], tables: Tables) -> StoreFacts | None:
+    """The store's facts, None where the schema holds no sharecoord store (no daemon
+    ever started on it)."""
+    found = conn.execute("SELECT to_regclass(%s)", (f"{tables.schema}.{PREFIX}schema",)).fetchone()
+    if found is None or found[0] is None:
+        return None
+    row = conn.execute(tables.sql("SELECT num_partitions FROM {version}")).fetchone()
+    if row is None:
+        return None
+    num_partitions = int(row[0])
+    version = schema_version(conn, tables)
+    if version < 2:
+        return StoreFacts(version, num_partitions, None)
+    retention = conn.execute(tables.sql("SELECT history_retention_ms FROM {version}")).fetchone()
+    assert retention is not None
+    kept = None if retention[0] is None else int(retention[0])
+    return StoreFacts(version, num_partitions, kept)
+
+
+def declare_history(
+    conn: psycopg.Connection[Any], tables: Tables, retention_ms: int | None
+) -> None:
+    """Keep a history (for ``retention_ms``, -1 for ever), or none (None): from the
+    commit of this on, pruning moves what it deletes into the history, or not."""
+    conn.execute(tables.sql("UPDATE {version} SET history_retention_ms = %s"), (retention_ms,))

@@ -41,7 +41,7 @@ from psycopg import sql
 
 from persistence.errors import LogError, NotLeaderError, StoreUnavailableError
 from persistence.frame import LogRecord
-from persistence.postgres import leases
+from persistence.postgres import history, leases
 from persistence.postgres.connection import (
     Pool,
     Watchdog,
@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger("sharecoord.log")
 
-# Rows a replay or a read fetches from the server at a time.
 # Rows a replay or a read fetches from the server at a time.
 FETCH_ROWS = 5000
 _COPY_TYPES = ["int4", "int8", "int2", "bytea", "bytea", "int8"]
@@ -388,10 +387,16 @@ class PostgresStore:
             for offset, timestamp, record_type, key, value in rows:
                 yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
 
-    def delete_below(self, partition: int, below: int) -> tuple[int, int]:
+    def delete_below(self, partition: int, below: int) -> tuple[int, int, int]:
         """Delete the records of `partition` below `below`, and the keys rows left
-        without records: (records deleted, their keys' and values' bytes)."""
+        without records, moving them into the history first when the store keeps one
+        (history.py), in one transaction: (records deleted, their keys' and values'
+        bytes, records moved into the history)."""
         with self.transaction(f"pruning state partition {partition}") as conn:
+            history.lock_partition(conn, self.tables, partition)
+            moved = 0
+            if history.history_retention(conn, self.tables) is not None:
+                moved = history.move_below(conn, self.tables, partition, below)
             row = conn.execute(
                 self.tables.sql(
                     """WITH gone AS (
@@ -406,18 +411,8 @@ class PostgresStore:
             assert row is not None
             deleted, size = int(row[0]), int(row[1])
             if deleted:
-                conn.execute(
-                    self.tables.sql(
-                        """DELETE FROM {keys} k
-                               WHERE k.state_partition = %(p)s AND k.since < %(below)s
-                                 AND NOT EXISTS (
-                                   SELECT 1 FROM {records} r
-                                   WHERE r.state_partition = k.state_partition
-                                     AND r.key = k.key)"""
-                    ),
-                    {"p": partition, "below": below},
-                )
-        return deleted, size + ROW_OVERHEAD * deleted
+                delete_bare_keys(conn, self.tables, partition, below)
+        return deleted, size + ROW_OVERHEAD * deleted, moved
 
     def close(self) -> None:
         for part in self._partitions:
@@ -448,6 +443,22 @@ def replay_sql(tables: Tables) -> sql.Composed:
                OFFSET 0) r
            WHERE k.state_partition = %s
            ORDER BY r."offset\""""
+    )
+
+
+def delete_bare_keys(
+    conn: psycopg.Connection[Any], tables: Tables, partition: int, below: int
+) -> None:
+    """Delete the keys rows (starting below `below`) none of whose records remain."""
+    conn.execute(
+        tables.sql(
+            """DELETE FROM {keys} k
+                   WHERE k.state_partition = %(p)s AND k.since < %(below)s
+                     AND NOT EXISTS (
+                       SELECT 1 FROM {records} r
+                       WHERE r.state_partition = k.state_partition AND r.key = k.key)"""
+        ),
+        {"p": partition, "below": below},
     )
 
 

@@ -33,14 +33,23 @@ from server.config.serve import SERVE_SETTINGS
 
 _SERVE = {s.name: s for s in SERVE_SETTINGS}
 DATA_DIR = _SERVE["data_dir"]
-# The Spark jobs read a data directory; given the PostgreSQL store (a flag, the setting
-# or the environment, as serve takes it) they say they cannot run on it yet.
+# The Spark jobs read a data directory, or the PostgreSQL store given as serve takes it
+# (a flag, the setting or the environment), in the schema serve names.
 JOB_STATE_STORE = replace(
     _SERVE["state_store"],
-    doc="serve's state_store: not set, the jobs read --data-dir; the Spark jobs over the "
-    "PostgreSQL store are not there yet, and a postgresql:// URI here says so (exit 2).",
-    meaning="serve's `state_store`: the jobs read `--data-dir`; on a `postgresql://` URI "
-    "they say in one line that they do not run on the PostgreSQL store yet (exit 2)",
+    doc="serve's state_store: not set, the job reads --data-dir; a PostgreSQL URI (as the "
+    "nodes were given it), the job reads and compacts that store's tables instead "
+    "(needs the postgres extra where the job and its executors run). Its password is "
+    "never shown.",
+    meaning="serve's `state_store`: not set, the job reads `--data-dir`; a `postgresql://` "
+    "URI, the job works on that store's tables ([operations.md](operations.md#the-spark-"
+    "jobs-on-the-postgresql-store)); its password is never shown",
+)
+JOB_STATE_STORE_SCHEMA = replace(
+    _SERVE["state_store_schema"],
+    doc="serve's state_store_schema: the schema of the store's sharecoord_* tables, as "
+    "its nodes name it (with state_store only).",
+    meaning="serve's `state_store_schema`: the schema of the store's tables, as its nodes name it",
 )
 
 
@@ -143,6 +152,7 @@ COMPACT_SETTINGS = command(
             meaning="the daemon's `segment_bytes`, said when nothing is sealed yet",
         ),
         JOB_STATE_STORE,
+        JOB_STATE_STORE_SCHEMA,
     ),
 )
 
@@ -180,6 +190,7 @@ AUDIT_SETTINGS = command(
             "first run audits everything",
         ),
         JOB_STATE_STORE,
+        JOB_STATE_STORE_SCHEMA,
     ),
 )
 

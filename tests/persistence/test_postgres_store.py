@@ -436,3 +436,28 @@ def test_a_load_whose_server_freezes_midway_fails_within_the_timeout(
     figures.set("rows_before_the_freeze", len(seen))
     figures.set("timeout_ms", timeout_ms)
     figures.set("failed_after_s", round(failed_after_s, 2))
+
+
+def test_a_store_of_version_1_is_upgraded_with_its_records_kept(postgres: PostgresServer) -> None:
+    """Version 2 added the history (a table, its watermarks and a column saying whether
+    it is kept): a store a version-1 daemon created gains them, keeping what it holds."""
+    schema = fresh_schema()
+    store = open_led(postgres.uri(), 2, schema=schema)
+    append_records(store.partition(0), 3)
+    batch = store.partition(0).take_pending()
+    assert store.commit_cycle([(0, batch)]).shared is None
+    store.close()
+    postgres.execute(
+        f"DROP TABLE {schema}.sharecoord_history, {schema}.sharecoord_history_marks; "
+        f"ALTER TABLE {schema}.sharecoord_schema DROP COLUMN history_retention_ms; "
+        f"UPDATE {schema}.sharecoord_schema SET version = 1"
+    )
+    PostgresStore.open(postgres.uri(), 2, 1, schema=schema).close()
+    assert (
+        postgres.execute(
+            f"SELECT version, history_retention_ms IS NULL FROM {schema}.sharecoord_schema"
+        )
+        == f"{SCHEMA_VERSION}|t"
+    )
+    assert postgres.execute(f"SELECT count(*) FROM {schema}.sharecoord_history") == "0"
+    assert postgres.execute(f"SELECT count(*) FROM {schema}.sharecoord_records") == "3"

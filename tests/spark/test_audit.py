@@ -54,13 +54,19 @@ def b(first: int, last: int, state: int, count: int) -> StateBatch:
 
 def build(data_dir: str, records: Sequence[Record], segment_bytes: int = 400) -> list[Appended]:
     """Write `records` in this order, each to its key's state partition."""
+    appended = appended_of(records)
+    write_log(data_dir, appended, NUM_PARTITIONS, segment_bytes)
+    return appended
+
+
+def appended_of(records: Sequence[Record]) -> list[Appended]:
+    """`records` in this order, each at the next offset of its key's state partition."""
     offsets = [0] * NUM_PARTITIONS
     appended = []
     for i, record in enumerate(records):
         p = state_partition_of(record.key, NUM_PARTITIONS)
         appended.append(Appended(p, offsets[p], BASE_TIME_MS + i, record))
         offsets[p] += 1
-    write_log(data_dir, appended, NUM_PARTITIONS, segment_bytes)
     return appended
 
 

@@ -34,11 +34,13 @@ from tests.spark.histories import (
     state_partition_of,
     write_log,
 )
+from tests.spark.pg_stores import SECRET, PgLog, prune_after_new_snapshots, write_more, write_store
 from tests.spark.test_audit import (
     AVAILABLE,
     NUM_PARTITIONS,
     START_OFFSET_BACKWARDS,
     TOPIC,
+    appended_of,
     b,
     build,
     key,
@@ -52,12 +54,19 @@ FILLER = key("filler")
 def planted_log(data_dir: str) -> tuple[list[Appended], Appended]:
     """A start offset going backwards early in the log, then enough traffic on another
     key of the same state partition that compaction and pruning have work to do."""
+    appended, planted = planted_log_records()
+    write_log(data_dir, appended, NUM_PARTITIONS, 300)
+    return appended, planted
+
+
+def planted_log_records() -> tuple[list[Appended], Appended]:
+    """planted_log's records, written nowhere."""
     victim = key("victim")
     records: list[Record] = [snap(victim, 1, 10), upd(victim, 15), upd(victim, 12)]
     records += [snap(FILLER, 1, 0, b(0, 3, AVAILABLE, 1))]
     records += [upd(FILLER, -1, b(i, i, AVAILABLE, 1)) for i in range(40)]
     records += [snap(victim, 1, 20), snap(FILLER, 1, 50)]
-    appended = build(data_dir, records, segment_bytes=300)
+    appended = appended_of(records)
     (planted,) = [a for a in appended if a.record is records[2]]
     return appended, planted
 
@@ -87,18 +96,83 @@ def run_audit(spark: SparkSession, data_dir: str, out: Path, *extra: str) -> tup
     return code, json.loads((out / "summary.json").read_text())
 
 
+class Place:
+    """Where the story's log lives: a data directory ("local"), or a PostgreSQL store
+    on the session's server ("postgres"); the same steps on either."""
+
+    def __init__(self, kind: str, data_dir: str, request: pytest.FixtureRequest) -> None:
+        self.kind = kind
+        self.data_dir = data_dir
+        self.request = request
+        self.log: PgLog | None = None
+
+    def planted(self) -> tuple[list[Appended], Appended]:
+        if self.kind == "local":
+            return planted_log(self.data_dir)
+        appended, planted = planted_log_records()
+        self.log = write_store(self.request.getfixturevalue("postgres"), appended, NUM_PARTITIONS)
+        return appended, planted
+
+    @property
+    def where(self) -> list[str]:
+        if self.log is None:
+            return ["--data-dir", self.data_dir]
+        return ["--state-store", self.log.store.uri, "--state-store-schema", self.log.store.schema]
+
+    @property
+    def history(self) -> str:
+        """How the audit's report names the history."""
+        if self.log is None:
+            return os.path.join(self.data_dir, "history")
+        return f"{self.log.store.schema}.sharecoord_history"
+
+    def compact(self, spark: SparkSession, capsys: pytest.CaptureFixture[str]) -> str:
+        # The records are of 2023: a retention counted in days would expire them at once.
+        code = compact.main([*self.where, "--history-retention-ms", "-1"], spark=spark)
+        out, err = capsys.readouterr()
+        assert code == 0, out
+        assert SECRET not in out + err
+        return out
+
+    def prune(self, partition: int, appended: list[Appended]) -> None:
+        """Prune as the daemon does; something is deleted."""
+        if self.log is None:
+            # The compacted output was exported (as no records), so it may go.
+            assert prune_as_the_daemon_does(self.data_dir, partition)
+        else:
+            # The compacted log holds each key's last snapshot: a node writes newer ones
+            # (the same states) before any of it is redundant.
+            appended += prune_after_new_snapshots(self.log, partition)
+
+    def audit(self, spark: SparkSession, out: Path, *extra: str) -> tuple[int, dict]:
+        code = audit.main([*self.where, "--out", str(out), *extra], spark=spark)
+        summary = (out / "summary.json").read_text()
+        assert SECRET not in summary + (out / "index.html").read_text()
+        return code, json.loads(summary)
+
+    def write_more(self, more: list[Appended]) -> None:
+        if self.log is None:
+            write_log(self.data_dir, more, NUM_PARTITIONS, 300)
+        else:
+            write_more(self.log, more)
+
+
+@pytest.fixture(params=["local", "postgres"])
+def place(request: pytest.FixtureRequest, data_dir: str) -> Place:
+    return Place(request.param, data_dir, request)
+
+
 def test_a_violation_survives_compaction_and_pruning_and_the_audit_says_its_window(
-    spark: SparkSession, data_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: SparkSession, place: Place, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    appended, planted = planted_log(data_dir)
+    appended, planted = place.planted()
     p = planted.state_partition
-    code, before = run_audit(spark, data_dir, tmp_path / "before")
+    code, before = place.audit(spark, tmp_path / "before")
     assert (code, before["violation_counts"]) == (1, {START_OFFSET_BACKWARDS: 1})
 
-    compact_now(spark, capsys, data_dir)
-    deleted = prune_as_the_daemon_does(data_dir, p)
-    assert deleted  # the compacted output was exported (as no records), so it may go
-    code, after = run_audit(spark, data_dir, tmp_path / "after")
+    place.compact(spark, capsys)
+    place.prune(p, appended)
+    code, after = place.audit(spark, tmp_path / "after")
     out = capsys.readouterr().out
 
     assert code == 1
@@ -109,7 +183,7 @@ def test_a_violation_survives_compaction_and_pruning_and_the_audit_says_its_wind
     (window,) = [w for w in after["windows"] if w["state_partition"] == p]
     assert (window["first_offset"], window["last_offset"]) == (0, ours[-1].offset)
     assert window["records"] == len(ours) and window["missing_offsets"] == 0
-    assert after["history"] == os.path.join(data_dir, "history")
+    assert after["history"] == place.history
     assert "window: " in out and "history: " in out
     # The histogram still counts what was folded away.
     assert after["histogram"] == before["histogram"]
@@ -234,24 +308,24 @@ def test_incremental_audits_find_what_a_full_audit_finds(ops: list, cut_ops: lis
 
 
 def test_since_last_reads_only_what_is_new_and_carries_the_rest(
-    spark: SparkSession, data_dir: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: SparkSession, place: Place, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    appended, planted = planted_log(data_dir)
+    appended, planted = place.planted()
     out = tmp_path / "daily"
-    code, first = run_audit(spark, data_dir, out, "--since-last")
+    code, first = place.audit(spark, out, "--since-last")
     assert (code, first["mode"], first["violations"]) == (1, "full", 1)
-    compact_now(spark, capsys, data_dir)
+    place.compact(spark, capsys)
     more = [
         Appended(planted.state_partition, appended[-1].offset + 1 + i, BASE_TIME_MS + 10**6, r)
         for i, r in enumerate([upd(key("victim"), 30), upd(key("victim"), 25)])
     ]
-    write_log(data_dir, more, NUM_PARTITIONS, 300)
-    code, second = run_audit(spark, data_dir, out, "--since-last")
+    place.write_more(more)
+    code, second = place.audit(spark, out, "--since-last")
     capsys.readouterr()
     assert second["mode"] == "since last" and second["records"] == len(more)
     assert (code, second["violation_counts"]) == (1, {START_OFFSET_BACKWARDS: 1})
     assert second["earlier_violations"] == {START_OFFSET_BACKWARDS: 1}
-    code, full = run_audit(spark, data_dir, tmp_path / "full")
+    code, full = place.audit(spark, tmp_path / "full")
     assert full["violation_counts"] == {START_OFFSET_BACKWARDS: 2}
     assert full["histogram"] == second["histogram"]
     assert full["share_partitions"] == second["share_partitions"]

@@ -134,7 +134,7 @@ def test_the_py_files_zip_holds_the_pure_packages_and_nothing_else(tmp_path: Pat
         names = set(archive.namelist())
     expected = {
         f"{package}/{name}"
-        for package in ("protocol", "persistence", "spark_jobs")
+        for package in ("protocol", "persistence", "persistence/postgres", "spark_jobs")
         for name in os.listdir(REPO_ROOT / package)
         if name.endswith(".py")
     }
