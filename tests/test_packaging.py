@@ -58,8 +58,9 @@ def test_the_core_install_is_the_daemon_s_dependencies(project: dict[str, Any]) 
     extras = project["optional-dependencies"]
     # What a cluster's executors import, packed and shipped by the jobs (listed one by
     # one: spark_jobs/shipenv.py packs exactly these and what they require). pyarrow:
-    # the data source hands Arrow batches to the JVM; the history is Parquet.
-    assert names(extras["spark-executor"]) == {"msgpack", "msgspec", "numpy", "pyarrow"}
+    # the data source hands Arrow batches to the JVM; the history is Parquet. psycopg:
+    # the jobs over the PostgreSQL store read it by COPY out in the executors.
+    assert names(extras["spark-executor"]) == {"msgpack", "msgspec", "numpy", "pyarrow", "psycopg"}
     assert "sharecoord[spark-executor]" in extras["spark"]
     assert names(extras["spark"]) == {"sharecoord", "pyspark", "matplotlib", "packaging"}
     assert "pytest-asyncio" in names(extras["dev"])
