@@ -13,7 +13,7 @@ import io
 import json
 from dataclasses import dataclass
 
-from persistence.postgres import PostgresStore
+from persistence.postgres import SCHEMA_VERSION, PostgresStore
 from persistence.postgres.reading import read_snapshot
 from protocol.records import ShareKey, ShareSnapshot, ShareUpdate, encode_record
 from server.postgres_tools import log_dump_postgres, log_verify_postgres
@@ -184,10 +184,9 @@ def test_what_compaction_leaves_is_no_hole_but_a_gap_after_it_is(
         "the log start 2 (a hole)"
     )
     store.sql(
-        "CREATE TABLE {s}.sharecoord_history_marks (state_partition integer PRIMARY KEY, "
-        "watermark bigint NOT NULL)"
+        "INSERT INTO {s}.sharecoord_history_marks (state_partition, watermark) VALUES (0, 11) "
+        "ON CONFLICT (state_partition) DO UPDATE SET watermark = excluded.watermark"
     )
-    store.sql("INSERT INTO {s}.sharecoord_history_marks VALUES (0, 11)")
     code, lines = store.verified()
     assert code == 0, lines
 
@@ -240,7 +239,7 @@ def test_a_newer_schema_version_is_refused_as_the_store_itself(postgres: Postgre
     assert code == 1
     assert lines[0] == (
         f"DAMAGED {store.schema}.sharecoord_schema: version 99; this sharecoord knows version "
-        "1 (run a newer sharecoord)"
+        f"{SCHEMA_VERSION} (run a newer sharecoord)"
     )
 
 

@@ -110,7 +110,7 @@ def test_audit_takes_its_settings_and_makes_paths_absolute(
     assert sharecoord(["audit", "--data-dir", "data", "--out", "report"]) == 0
     out = str(Path(small_log).parent / "report")
     assert job_runs == [
-        ("audit", "local[*]", ["--data-dir", small_log, "--out", out, "--delivery-limit", "8"])
+        ("audit", "local[*]", ["--out", out, "--data-dir", small_log, "--delivery-limit", "8"])
     ]
 
 
