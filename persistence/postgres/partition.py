@@ -252,10 +252,12 @@ class PostgresPartition:
         return []
 
     def pending_compactions(self) -> list[int]:
-        return []  # the Spark jobs over this store are still to come
+        # Compaction on this store swaps its output in with its own transaction
+        # (spark_jobs/pgcompact.py): nothing is staged for the daemon to commit.
+        return []
 
     def commit_staged(self, base: int) -> CommitOutcome:
-        raise LogError("compaction over a PostgreSQL store is not supported yet")
+        raise LogError("a PostgreSQL store stages no compaction output: the job swaps it in itself")
 
     def close(self) -> None:
         with self._lock:
