@@ -32,7 +32,6 @@ from tests.harness import (
     AcknowledgedGroup,
     Api,
     body,
-    metric_value,
     next_write,
     partitions_in,
     read_entry,
@@ -76,35 +75,6 @@ async def wait_all_active(api: Api) -> None:
         "every partition to be active",
         until=lambda listing: all(p["status"] == "active" for p in listing),
     )
-
-
-async def checkpoints_taken(api: Api) -> float:
-    reply = await api.metrics()
-    return metric_value(reply, "sharecoord_checkpoint_duration_seconds_count")
-
-
-async def settled_after_clearing(api: Api, traffic: Traffic) -> None:
-    """Every partition active with the fault gone for good. A checkpoint in flight when
-    the fault was cleared may still have met it: once it ends it stops the partitions
-    whose files it could not sync (their page cache can no longer be trusted), and they
-    repair themselves from the journal. So: writes (checked against the model, a 15
-    allowed) until a checkpoint has ended after the clear (a daemon with nothing to sync
-    takes none), then every partition active."""
-    before = await checkpoints_taken(api)
-    keys = traffic.model.keys
-
-    async def write_one() -> float:
-        known = [k for k in keys if traffic.model.exact(k) is not None] or keys
-        request = traffic.model.plan(traffic.rng, "write", [traffic.rng.choice(known)])
-        status, answer = await traffic.send(api.session, api.base_url, request)
-        assert status == 200, (status, answer)
-        traffic.model.settle(request, answer, faults=True)
-        return await checkpoints_taken(api)
-
-    await wait_until(
-        write_one, "a checkpoint to end after the fault was cleared", until=lambda n: n > before
-    )
-    await wait_all_active(api)
 
 
 # --- a request whose records straddle a failed segment roll ------------------------------
@@ -315,9 +285,6 @@ async def fault_rounds(
         "200",
         "--snapshot-update-records-per-snapshot",
         "3",
-        # Checkpoints often: they meet the faults too, and each round waits for one.
-        "--journal-checkpoint-interval-ms",
-        "300",
     ]
     env = {FAILPOINTS: str(control)}
     model = Model(GROUPS, PARTITIONS_PER_GROUP, NUM_PARTITIONS)
@@ -360,13 +327,12 @@ async def fault_rounds(
                 daemon = await spawn(data_dir, *flags, partitions=NUM_PARTITIONS, env=env)
                 api = Api(session, daemon.url)
                 figures.add("kills_with_a_fault_armed")
-                await wait_all_active(api)
             else:
                 await arm(control)
                 # Requests in flight may still have met the fault: let them finish first.
                 traffic.stopped = True
                 await writer
-                await settled_after_clearing(api, traffic)
+                await wait_all_active(api)
             if traffic.entries_unavailable > before:
                 figures.add("faults_that_fired")
             await check_exact(session, daemon.url, model, rng)
