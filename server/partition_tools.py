@@ -141,12 +141,7 @@ def export_partition(
         copies = copy_segments(fs, [path for _, path in segments], partial)
         history = _copy_history(fs, data_dir, partition, os.path.join(partial, HISTORY_DIR))
         manifest = replace(manifest, segments=tuple(copies), history=tuple(history))
-        create_file_durably(fs, os.path.join(partial, EXPORT_FILE), manifest.to_json())
-        if os.path.isdir(out):
-            os.rmdir(out)  # the empty directory it was given
-        fs.rename(partial, out)
-        fs.fsync_dir(os.path.dirname(out))
-        check_export(out, manifest)
+        publish_export(fs, partial, out, manifest)
         # Handed over: the source refuses it from now on, whatever its cluster file says.
         stamp = owner or Owner(node if node is not None else UNKNOWN, "", "migrated", now_ms())
         write_owner(fs, directory, replace(stamp, exported_ms=manifest.exported_ms))
@@ -230,6 +225,18 @@ def _copy_history(fs: FileOps, data_dir: str, partition: int, target: str) -> li
 
 
 # --- checking an export ----------------------------------------------------------------------
+
+
+def publish_export(fs: FileOps, partial: str, out: str, manifest: ExportManifest) -> None:
+    """Finish an export made in `partial`: its manifest written durably, the directory
+    renamed to `out` (the empty directory it was given, if any, replaced) and read back
+    against the manifest."""
+    create_file_durably(fs, os.path.join(partial, EXPORT_FILE), manifest.to_json())
+    if os.path.isdir(out):
+        os.rmdir(out)  # the empty directory it was given
+    fs.rename(partial, out)
+    fs.fsync_dir(os.path.dirname(out))
+    check_export(out, manifest)
 
 
 def check_export(directory: str, manifest: ExportManifest | None = None) -> ExportManifest:

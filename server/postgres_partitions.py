@@ -49,7 +49,6 @@ import psycopg
 
 from persistence import FileOps, LogRecord, read_partition
 from persistence.errors import LogError, MetaMismatchError, StoreUnavailableError
-from persistence.fileops import create_file_durably
 from persistence.frame import encode_frame_into
 from persistence.ownership import now_ms
 from persistence.postgres.connection import check_uri, connect, unavailable
@@ -58,13 +57,14 @@ from persistence.segments import segment_name
 from persistence.store_uri import masked
 from protocol.records import SNAPSHOT_RECORD_TYPE
 from server.config import SERVE_SETTINGS
-from server.export_manifest import EXPORT_FILE, ExportManifest, SegmentCopy
+from server.export_manifest import ExportManifest, SegmentCopy
 from server.partition_tools import (
     EXIT_FAILURE,
     EXIT_USAGE,
     ToolError,
     check_export,
     load_export,
+    publish_export,
     remove_tree,
 )
 from server.postgres_tools import StoreToolError, snapshot_of
@@ -123,12 +123,7 @@ def export_from_postgres(
     manifest = ExportManifest(
         partition, num_partitions, leader, "", now_ms(), start, end, count, tuple(segments)
     )
-    create_file_durably(fs, os.path.join(partial, EXPORT_FILE), manifest.to_json())
-    if os.path.isdir(out):
-        os.rmdir(out)  # the empty directory it was given
-    fs.rename(partial, out)
-    fs.fsync_dir(os.path.dirname(out))
-    check_export(out, manifest)
+    publish_export(fs, partial, out, manifest)
     return PostgresExport(manifest, where, leader)
 
 
