@@ -36,6 +36,7 @@ of dirty partitions; see bench/results.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import heapq
 import itertools
 import logging
@@ -390,9 +391,18 @@ class GroupCommitter(Generic[BatchT]):
         self._journal_bytes_at_checkpoint = self._journal.bytes_written
         started = time.monotonic()
         loop = asyncio.get_running_loop()
+
+        def stop_now(partition: int, error: BaseException) -> None:
+            # From the checkpoint's thread, as the sync fails: the partition stops
+            # before anything that follows the fault (its clearing, a look at the
+            # partitions' status) can be answered on the event loop.
+            # (A closed loop: the daemon is gone, and the partition with it.)
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self._partition_stopped, partition, error)
+
         try:
             failures = await loop.run_in_executor(
-                self._checkpointer, self._local.take_checkpoint, lsn, written
+                self._checkpointer, self._local.take_checkpoint, lsn, written, stop_now
             )
         except OSError as exc:
             self._unsynced |= written  # the old CHECKPOINT stands: sync them next time
@@ -407,9 +417,8 @@ class GroupCommitter(Generic[BatchT]):
             raise
         self._last_checkpoint = time.monotonic()
         self.checkpoints += 1
-        for partition, error in failures.items():
-            self._unsynced.add(partition)
-            self._partition_stopped(partition, error)
+        for partition in failures:
+            self._unsynced.add(partition)  # stopped already, by stop_now
         if self._on_checkpoint is not None:
             self._on_checkpoint(self._last_checkpoint - started, len(written))
 

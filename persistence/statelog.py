@@ -427,12 +427,20 @@ class StateLog:
             records = [r for r in records if not journal.is_void(r.lsn)]
         return list(entries_of(records, partition, lsn))
 
-    def take_checkpoint(self, lsn: int, written: set[int]) -> dict[int, BaseException]:
+    def take_checkpoint(
+        self,
+        lsn: int,
+        written: set[int],
+        on_failure: Callable[[int, BaseException], None] | None = None,
+    ) -> dict[int, BaseException]:
         """Make every partition in `written` durable in its own files (fdatasync), then
         record CHECKPOINT at `lsn` and delete the journal below what is still needed.
         Every record below `lsn` must have been applied to the files. Runs in a thread
         of its own; returns the partitions whose sync failed (they stay pinned to the
-        journal until a later checkpoint syncs them)."""
+        journal until a later checkpoint syncs them). `on_failure` hears of each such
+        partition as its sync fails, not when the whole checkpoint ends: a partition
+        whose files are no longer trusted must stop while the fault that failed it
+        can still be the cause, not after someone saw it serve again."""
         self.finish_opening()
         failures: dict[int, BaseException] = {}
         partitions = dict(self.checkpoint.partitions)
@@ -450,6 +458,8 @@ class StateLog:
                     continue  # it stopped meanwhile (same as above)
                 except BaseException as exc:
                     failures[p] = exc
+                    if on_failure is not None:
+                        on_failure(p, exc)
                     continue
             elif not log.is_open:
                 # Not written since its checkpoint (nor ever opened here): what its files

@@ -454,6 +454,53 @@ async def test_a_failed_checkpoint_fsync_keeps_the_journal_and_stops_that_partit
     assert await asyncio.to_thread(read_back, data_dir, 1, num_partitions=2) == kept[1]
 
 
+class _HeldSyncs(FaultInjectingFileOps):
+    """Holds the fdatasync of one partition's files until released."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__()
+        self.held, self.reached, self.release = held, threading.Event(), threading.Event()
+
+    def fdatasync(self, fd: int) -> None:
+        if self.held in self.path_of(fd):
+            self.reached.set()
+            assert self.release.wait(60), "the test never released the sync"
+        super().fdatasync(fd)
+
+
+async def test_a_partition_stops_as_its_checkpoint_sync_fails_not_when_the_checkpoint_ends(
+    data_dir: str,
+) -> None:
+    """A status read after the fault is gone must not show it active and then see it
+    stop: the stop comes as the sync fails, while the checkpoint syncs the others."""
+    fs = _HeldSyncs("partitions/1/")
+    log = await opened(data_dir, fs, num_partitions=2)
+    failed = asyncio.Event()
+    committer = GroupCommitter(
+        log, checkpoint_bytes=1, on_partition_failure=lambda partition, error: failed.set()
+    )
+    committer.start()
+    fs.fail("fdatasync", errno.EIO, path_contains="partitions/0/", times=None)
+    try:
+        (first,) = append_records(log.partition(0), 1)
+        (second,) = append_records(log.partition(1), 1)
+        # One cycle carries both, so the checkpoint after it syncs both, 0 first.
+        await asyncio.gather(
+            committer.wait_durable(0, first.offset), committer.wait_durable(1, second.offset)
+        )
+        assert await asyncio.to_thread(fs.reached.wait, 60)  # 0's sync failed; 1's is held
+        fs.clear()
+        await asyncio.wait_for(failed.wait(), 60)
+        assert committer.checkpoints == 0  # the checkpoint has not ended
+        with pytest.raises(PartitionFailedError):
+            log.partition(0).append(*record_fields(1))
+    finally:
+        fs.release.set()
+    await asyncio.to_thread(log.partition(0).reset_to_durable)
+    await committer.close()
+    await asyncio.to_thread(log.close)
+
+
 async def test_past_journal_max_bytes_writes_are_refused(data_dir: str) -> None:
     fs = FaultInjectingFileOps()
     log = await opened(data_dir, fs, num_partitions=2)
