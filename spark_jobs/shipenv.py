@@ -18,14 +18,17 @@ executor unpacks into its working directory, and ``spark.pyspark.python`` set to
 The archive is built by the command that needs it and kept in a cache directory
 (``default_cache_dir``, or the ``spark_env_cache`` setting), named by a key over the
 interpreter and every packed distribution's name, version and RECORD: a changed
-environment packs a new archive; an unchanged one is reused. Old archives are never
-read again and may be deleted.
+environment packs a new archive; an unchanged one is reused (and its mtime set: the
+cache's record of use). Packing a new one deletes the archives nobody used for
+``STALE_AFTER_S`` and what killed packers left, so a cache holds about one archive per
+environment in use, not one per change ever made.
 
 This module runs in the CLI's and the driver's process; it imports no pyspark.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -53,6 +56,11 @@ LAYOUT_VERSION = 1
 # gzip's fastest level: most of the archive is compiled code, which level 6 shrinks by a
 # few percent more at several times the time.
 COMPRESS_LEVEL = 1
+# An archive unused this long is deleted when another is packed (a venv gone or changed).
+STALE_AFTER_S = 14 * 86400
+# A partial archive this old is a killed packer's: no packer takes a day.
+ABANDONED_AFTER_S = 86400
+PARTIAL_PREFIX = ".packing-"
 
 
 class PackError(Exception):
@@ -165,6 +173,8 @@ def packed_environment(
     distributions = executor_distributions()
     path = os.path.join(cache_dir, f"{ARCHIVE_PREFIX}{environment_key(distributions)}.tar.gz")
     if os.path.isfile(path):
+        with contextlib.suppress(OSError):  # a read-only cache serves, unmarked
+            os.utime(path)
         return Packed(path, False, time.monotonic() - started, os.path.getsize(path))
     if on_packing is not None:
         on_packing(path)
@@ -173,7 +183,7 @@ def packed_environment(
     try:
         os.makedirs(cache_dir, exist_ok=True)
         # Packed aside and renamed: a killed run leaves no half archive under the name.
-        fd, partial = tempfile.mkstemp(prefix=".packing-", suffix=".tar.gz", dir=cache_dir)
+        fd, partial = tempfile.mkstemp(prefix=PARTIAL_PREFIX, suffix=".tar.gz", dir=cache_dir)
     except OSError as exc:
         raise PackError(f"cache directory {cache_dir}: {exc.strerror or exc}") from None
     try:
@@ -187,7 +197,37 @@ def packed_environment(
     finally:
         if os.path.exists(partial):
             os.unlink(partial)
+    prune_cache(cache_dir, keep=path)
     return Packed(path, True, time.monotonic() - started, os.path.getsize(path))
+
+
+def prune_cache(cache_dir: str, keep: str, now: float | None = None) -> list[str]:
+    """Delete the archives in `cache_dir` unused for STALE_AFTER_S and the partial ones
+    older than ABANDONED_AFTER_S, never `keep`; the names deleted. Best effort: an entry
+    another process deleted or touched meanwhile is left to it."""
+    now = time.time() if now is None else now
+    deleted = []
+    try:
+        names = os.listdir(cache_dir)
+    except OSError:
+        return deleted
+    for name in names:
+        if name.startswith(ARCHIVE_PREFIX) and name.endswith(".tar.gz"):
+            age = STALE_AFTER_S
+        elif name.startswith(PARTIAL_PREFIX):
+            age = ABANDONED_AFTER_S
+        else:
+            continue  # not ours
+        path = os.path.join(cache_dir, name)
+        if path == keep:
+            continue
+        try:
+            if now - os.stat(path).st_mtime > age:
+                os.unlink(path)
+                deleted.append(name)
+        except OSError:
+            continue
+    return deleted
 
 
 def write_archive(raw: io.BufferedIOBase, distributions: list[metadata.Distribution]) -> None:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -23,10 +24,28 @@ from tests.spark.histories import Appended, write_log
 from tests.spark.test_audit import key, snap
 
 
+DAY_S = 86400.0
+# What the cache held before the module's packing (name -> age in days): another venv's
+# archive in use, one unused past STALE_AFTER_S, a killed packer's partial one, a file
+# that is not the cache's.
+PLANTED = {
+    f"{shipenv.ARCHIVE_PREFIX}inuse.tar.gz": 2.0,
+    f"{shipenv.ARCHIVE_PREFIX}stale.tar.gz": 15.0,
+    f"{shipenv.PARTIAL_PREFIX}killed.tar.gz": 2.0,
+    "notes.txt": 400.0,
+}
+PRUNED = {f"{shipenv.ARCHIVE_PREFIX}stale.tar.gz", f"{shipenv.PARTIAL_PREFIX}killed.tar.gz"}
+
+
 @pytest.fixture(scope="module")
 def packed(tmp_path_factory: pytest.TempPathFactory) -> shipenv.Packed:
-    """This environment, packed once for the module."""
-    return shipenv.packed_environment(str(tmp_path_factory.mktemp("env-cache")))
+    """This environment, packed once for the module, into a cache holding PLANTED."""
+    cache = tmp_path_factory.mktemp("env-cache")
+    for name, days in PLANTED.items():
+        (cache / name).write_bytes(b"x")
+        aged = time.time() - days * DAY_S
+        os.utime(cache / name, (aged, aged))
+    return shipenv.packed_environment(str(cache))
 
 
 def unpacked(packed: shipenv.Packed, into: Path) -> Path:
@@ -79,9 +98,20 @@ def test_the_archive_holds_the_executor_extra_and_neither_pyspark_nor_sharecoord
 
 
 def test_an_unchanged_environment_is_packed_once(packed: shipenv.Packed, tmp_path: Path) -> None:
+    long_ago = time.time() - 30 * DAY_S
+    os.utime(packed.path, (long_ago, long_ago))
     again = shipenv.packed_environment(os.path.dirname(packed.path), lambda _: None)
     assert (again.path, again.built) == (packed.path, False)
     assert packed.built
+    # Used now: a packing elsewhere must not take it for stale.
+    assert time.time() - os.stat(packed.path).st_mtime < DAY_S
+
+
+def test_packing_deletes_the_archives_unused_for_two_weeks_and_nothing_else(
+    packed: shipenv.Packed,
+) -> None:
+    left = set(os.listdir(os.path.dirname(packed.path)))
+    assert left == (set(PLANTED) - PRUNED) | {os.path.basename(packed.path)}
 
 
 def fake_distribution(root: Path, version: str, record: str) -> metadata.Distribution:
