@@ -23,7 +23,6 @@ from spark_jobs import shipenv, submit
 from tests.spark.histories import Appended, write_log
 from tests.spark.test_audit import key, snap
 
-
 DAY_S = 86400.0
 # What the cache held before the module's packing (name -> age in days): another venv's
 # archive in use, one unused past STALE_AFTER_S, a killed packer's partial one, a file
