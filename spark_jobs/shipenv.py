@@ -206,7 +206,7 @@ def prune_cache(cache_dir: str, keep: str, now: float | None = None) -> list[str
     older than ABANDONED_AFTER_S, never `keep`; the names deleted. Best effort: an entry
     another process deleted or touched meanwhile is left to it."""
     now = time.time() if now is None else now
-    deleted = []
+    deleted: list[str] = []
     try:
         names = os.listdir(cache_dir)
     except OSError:
