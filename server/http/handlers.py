@@ -181,13 +181,13 @@ def _query_int32(query: Any, name: str) -> int:
 @handles_http_errors
 async def handle_register_topic(request: web.Request) -> web.StreamResponse:
     body, fmt, out = await read_body(request, request.app[EDGE])
-    refused = _no_catalog_here(request, out)
-    if refused is not None:
-        return refused
     try:
         _, topic_id, partition_count = codec.decode_topic_registration(body, fmt)
     except BodyError as exc:
         return error_response(400, errors.INVALID_REQUEST, str(exc), out)
+    refused = _no_catalog_here(request, out)
+    if refused is not None:
+        return refused
     service = request.app[EDGE].node.service
     try:
         await service.register_topic(topic_id, partition_count)
@@ -198,13 +198,13 @@ async def handle_register_topic(request: web.Request) -> web.StreamResponse:
 
 async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
     fmt = accept_format(request)
-    refused = _no_catalog_here(request, fmt)
-    if refused is not None:
-        return refused
     try:
         topic_id = canonical_topic_id(request.match_info["topic_id"])
     except ValueError as exc:
         return error_response(400, errors.INVALID_REQUEST, f"topic_id: {exc}", fmt)
+    refused = _no_catalog_here(request, fmt)
+    if refused is not None:
+        return refused
     service = request.app[EDGE].node.service
     try:
         deleted = await service.delete_topic(topic_id)
@@ -216,7 +216,8 @@ async def handle_delete_topic(request: web.Request) -> web.StreamResponse:
 def _no_catalog_here(request: web.Request, fmt: codec.Format) -> web.Response | None:
     """The topic catalog is a file of the data directory: a node on the PostgreSQL
     store keeps none (its nodes would each hold a different one), so it refuses to
-    change it rather than write a file no other node reads."""
+    change it rather than write a file no other node reads. Asked after the request
+    is read: a malformed one is a 400 on either store."""
     if request.app[EDGE].node.leadership is None:
         return None
     return error_response(
