@@ -167,12 +167,14 @@ def check_executors(spark: SparkSession) -> None:
     try:
         sc.parallelize(range(tasks), tasks).foreach(_import_executor_modules)
     except Py4JJavaError as exc:
+        # The log stays off until the session stops: the attempts still running when
+        # the job failed are killed after this, and each one's warning carries the
+        # traceback too (caller: spark_session stops the session).
         raise SparkEnvironmentError(
             f"the executors of {sc.master} cannot run {sc.pythonExec} with sharecoord's "
             f"dependencies: {root_cause(exc)} (docs/operations.md#spark-on-a-cluster)"
         ) from None
-    finally:
-        sc.setLogLevel("WARN")
+    sc.setLogLevel("WARN")
 
 
 def _import_executor_modules(_: int) -> None:
