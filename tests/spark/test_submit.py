@@ -357,7 +357,10 @@ def test_the_environment_cache_reaches_the_job_on_either_store(
         return 0
 
     monkeypatch.setattr(submit, "run_job", run_job)
-    monkeypatch.delenv(STATE_STORE_ENV, raising=False)  # the CLI hands the URI on in it
+    # The CLI hands the URI on to the job in the environment: set and unset here, so
+    # that the test's end undoes what the CLI leaves there.
+    monkeypatch.setenv(STATE_STORE_ENV, "unset")
+    monkeypatch.delenv(STATE_STORE_ENV)
     log = write_store(postgres, appended_of(ANOMALOUS_LOG), 2)
     cache = str(tmp_path / "env-cache")
     where = ["--state-store", log.store.uri, "--state-store-schema", log.store.schema]
