@@ -3,7 +3,8 @@
     python -m bench [--quick]
                     [--only http,kafka,kafka-peer,latency,peers,cluster,commit,entry,recovery,
                             memory,spark]
-                    (or compact,audit,source,spark-pg: parts of spark)
+                    (or compact,audit,source,spark-pg: parts of spark;
+                     spark-pg-read: spark-pg's raw reads alone)
                     [--duration S]
 
 `cluster` runs writes on the PostgreSQL store beside the local one and a node's
@@ -690,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         if "memory" in only:
             results["memory"] = [memory_scenario(work, 20_000 if args.quick else 200_000)]
-        if only & {"spark", "compact", "audit", "source", "spark-pg"}:
+        if only & {"spark", "compact", "audit", "source", "spark-pg", "spark-pg-read"}:
             results["spark"] = spark_scenarios(work, args.quick, only)
     paths = report.save(results, RESULTS)
     print(paths["markdown"].read_text())
@@ -743,6 +744,10 @@ def spark_scenarios(work: Path, quick: bool, only: set[str]) -> list[dict[str, A
         from bench import spark_pg  # noqa: PLC0415 - psycopg and pyspark only when asked
 
         rows += spark_pg.run(work, quick)
+    elif "spark-pg-read" in only:
+        from bench import spark_pg  # noqa: PLC0415
+
+        rows += spark_pg.run(work, quick, reads_only=True)
     return rows
 
 

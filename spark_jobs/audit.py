@@ -358,7 +358,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         print(f"audit: {problem}", file=sys.stderr)
         return EXIT_USAGE
     own_session = spark is None
-    spark = spark or spark_session("sharecoord-audit")
+    spark = spark or spark_session("sharecoord-audit", reads_store=store is not None)
     try:
         os.makedirs(out_dir, exist_ok=True)
         report, _ = run_audit(spark, location, out_dir, args.delivery_limit, args.since_last)

@@ -437,7 +437,7 @@ def _on_store(store: StoreRef, args: argparse.Namespace, spark: SparkSession | N
     from spark_jobs import pgcompact  # noqa: PLC0415
 
     own_session = spark is None
-    spark = spark or spark_session("sharecoord-compact")
+    spark = spark or spark_session("sharecoord-compact", reads_store=True)
     try:
         return pgcompact.run_compaction(
             spark, store, args.tombstone_retention_ms, args.history_retention_ms

@@ -24,6 +24,7 @@ thread, instead of the JVM's log and its console progress bar.
 from __future__ import annotations
 
 import atexit
+import functools
 import importlib
 import os
 import shutil
@@ -31,6 +32,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, TextIO
 
 from py4j.protocol import Py4JJavaError
@@ -57,6 +59,8 @@ SPARK_DEFAULT_PYTHON = "python3"
 SQL_WORKER_PYTHON = "spark.sql.execution.pyspark.python"
 # What the executors must import for the jobs and the data source to run there.
 EXECUTOR_IMPORTS = ("msgpack", "msgspec", "numpy", "pyarrow", "spark_jobs.logsource")
+# And for a job over the PostgreSQL store, whose executors read it themselves.
+STORE_IMPORTS = ("psycopg", "spark_jobs.pgsource")
 
 
 class SparkEnvironmentError(SystemExit):
@@ -69,12 +73,17 @@ class SparkEnvironmentError(SystemExit):
 
 
 def spark_session(
-    app_name: str, master: str | None = None, env_cache: str | None = None
+    app_name: str,
+    master: str | None = None,
+    env_cache: str | None = None,
+    *,
+    reads_store: bool = False,
 ) -> SparkSession:
     """A session whose Python workers run sharecoord's environment (the module's
     docstring says which Python that is): the one spark-submit configured, or a new one
     on `master` (Spark's default: local). `env_cache`: where a cluster's environment
-    archive is kept (shipenv.default_cache_dir() if None)."""
+    archive is kept (shipenv.default_cache_dir() if None); `reads_store`: the executors
+    will read a PostgreSQL store (and must import its driver)."""
     builder = SparkSession.builder.appName(app_name).config("spark.ui.showConsoleProgress", "false")
     if master is not None:
         builder = builder.master(master)
@@ -82,7 +91,7 @@ def spark_session(
     spark.sparkContext.setLogLevel("WARN")
     try:
         use_sharecoord_python(spark, env_cache)
-        check_executors(spark)
+        check_executors(spark, EXECUTOR_IMPORTS + (STORE_IMPORTS if reads_store else ()))
     except SparkEnvironmentError:
         spark.stop()  # the job's own stop is never reached: it has no session yet
         raise
@@ -155,21 +164,20 @@ def register_data_source(spark: SparkSession, source: type[DataSource]) -> None:
         sc.pythonExec = chosen
 
 
-def check_executors(spark: SparkSession) -> None:
-    """On a cluster, one task per core imports EXECUTOR_IMPORTS on the executors: a
-    Python that cannot is said in one line (SparkEnvironmentError) before any work,
-    instead of a job failing with the JVM's and Python's stack traces."""
+def check_executors(spark: SparkSession, imports: Sequence[str] = EXECUTOR_IMPORTS) -> None:
+    """On a cluster, one task per core imports `imports` on the executors: a Python that
+    cannot is said in one line (SparkEnvironmentError) before any work, instead of a
+    job failing with the JVM's and Python's stack traces."""
     sc = spark.sparkContext
     if is_local(sc):
         return
     tasks = max(1, sc.defaultParallelism)
     sc.setLogLevel("OFF")  # each failed attempt's warning carries a whole traceback
     try:
-        sc.parallelize(range(tasks), tasks).foreach(_import_executor_modules)
+        sc.parallelize(range(tasks), tasks).foreach(functools.partial(_import_all, imports))
     except Py4JJavaError as exc:
-        # The log stays off until the session stops: the attempts still running when
-        # the job failed are killed after this, and each one's warning carries the
-        # traceback too (caller: spark_session stops the session).
+        # The log stays off: the attempts still running when the stage was aborted are
+        # killed afterwards, and each kill's warning repeats the traceback.
         raise SparkEnvironmentError(
             f"the executors of {sc.master} cannot run {sc.pythonExec} with sharecoord's "
             f"dependencies: {root_cause(exc)} (docs/operations.md#spark-on-a-cluster)"
@@ -177,8 +185,8 @@ def check_executors(spark: SparkSession) -> None:
     sc.setLogLevel("WARN")
 
 
-def _import_executor_modules(_: int) -> None:
-    for name in EXECUTOR_IMPORTS:
+def _import_all(names: Sequence[str], _: int) -> None:
+    for name in names:
         importlib.import_module(name)
 
 

@@ -106,7 +106,9 @@ def _compact_on_store(values: dict[str, Any]) -> int:
     job_args = _location_args(store, "")
     job_args += ["--tombstone-retention-ms", str(values["tombstone_retention_ms"])]
     job_args += ["--history-retention-ms", str(values["history_retention_ms"])]
-    return submit.run_job("compact", values["master"], job_args)
+    return submit.run_job(
+        "compact", values["master"], job_args, env_cache=values["spark_env_cache"]
+    )
 
 
 def _checked_store(values: dict[str, Any], command: str) -> StoreRef | None:

@@ -8,8 +8,10 @@ Everything here blocks.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 
@@ -19,6 +21,7 @@ from protocol.records import SNAPSHOT_RECORD_TYPE, ShareKey, encode_record
 from protocol.shard import ShardConfig, ShareCoordinatorShard
 from spark_jobs.sealed import RawRecord
 from spark_jobs.storeref import StoreRef
+from tests.harness import run_cli
 from tests.persistence.stores import StoreOpener, fresh_schema, postgres_opener
 from tests.postgres import PostgresServer
 from tests.spark.histories import Appended, admin_states, decoded, raw_records, replayed_shard
@@ -105,6 +108,18 @@ class PgLog:
                     assert since == max(snapshots), (p, key)
                 else:
                     assert not snapshots and since <= ours[0][0], (p, key)
+
+
+def cli_dump(log: PgLog) -> list[dict[str, Any]]:
+    """What `sharecoord log dump --json` prints for the store: its live log, by state
+    partition and offset."""
+    done = run_cli(
+        "log", "dump", "--json", "--state-store", log.store.uri,
+        "--state-store-schema", log.store.schema,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    return sorted(rows, key=lambda r: (r["state_partition"], r["log_offset"]))
 
 
 SECRET = "pw-never-shown"

@@ -41,7 +41,13 @@ from tests.harness import (
 from tests.postgres import PostgresServer, _children
 from tests.server.postgres_cluster import check_on_a_fresh_node, start_cluster, writing
 from tests.spark.histories import Appended, rpc_histories, run_rpcs
-from tests.spark.pg_stores import PgLog, prune_after_new_snapshots, write_more, write_store
+from tests.spark.pg_stores import (
+    PgLog,
+    cli_dump,
+    prune_after_new_snapshots,
+    write_more,
+    write_store,
+)
 from tests.spark.test_compact_crash import many_keys_history
 from tests.spark.test_history import planted_log_records
 
@@ -57,17 +63,6 @@ def dumped(log: PgLog) -> list[dict[str, Any]]:
     for item in log.written:
         record = decoder.decode(*_encoded(item))
         rows.append(record_row(item.state_partition, item.offset, item.timestamp, record))
-    return sorted(rows, key=lambda r: (r["state_partition"], r["log_offset"]))
-
-
-def cli_dump(log: PgLog) -> list[dict[str, Any]]:
-    """What `sharecoord log dump --json` prints for the store: its live log."""
-    done = run_cli(
-        "log", "dump", "--json", "--state-store", log.store.uri,
-        "--state-store-schema", log.store.schema,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    rows = [json.loads(line) for line in done.stdout.splitlines()]
     return sorted(rows, key=lambda r: (r["state_partition"], r["log_offset"]))
 
 

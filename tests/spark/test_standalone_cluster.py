@@ -5,6 +5,8 @@ PYSPARK_PYTHON). ``sharecoord compact``, ``sharecoord audit`` and the data sourc
 (through the session helper) run on it with nothing installed in the worker's Python by
 hand, and give what ``local[2]`` gives: the compacted log's state per key, the audit's
 report, the rows. Same machine, so the executors see the data directory at its path.
+On the PostgreSQL store the executors read the store themselves, with psycopg, which
+only the shipped environment gives them.
 
 Slow (a cluster, a packed environment and six Spark applications): the reliability
 suite's. tests/spark/test_shipenv.py is the short slice ``make test`` runs.
@@ -36,8 +38,11 @@ from tests.figures import Figures
 from tests.figures import figures as figures  # noqa: PLC0414 - the fixture, used by name
 from tests.harness.daemon import SHARECOORD, child_env
 from tests.harness.wait import wait_until_blocking
+from tests.postgres import PostgresServer
 from tests.spark.histories import states_on_disk
-from tests.spark.test_audit import ANOMALOUS_LOG, b, build, key, snap
+from tests.spark.pg_stores import SECRET, PgLog, cli_dump, write_store
+from tests.spark.test_audit import ANOMALOUS_LOG, appended_of, b, build, key, snap
+from tests.spark.test_audit import NUM_PARTITIONS as AUDIT_PARTITIONS
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -46,15 +51,24 @@ CLUSTER_START_TIMEOUT_S = 240.0
 JOB_TIMEOUT_S = 900.0
 STOP_TIMEOUT_S = 30.0
 
+# The rows of a data directory (one argument after the cache) or of a PostgreSQL store
+# (its URI and schema), with timestamps as `log dump --json` prints them.
 ROWS_SCRIPT = """\
 import json, sys
+from pyspark.sql.functions import expr
 from spark_jobs.datasource import register
 from spark_jobs.session import spark_session
 
-master, data_dir, cache = sys.argv[1:4]
+master, cache, *where = sys.argv[1:]
 spark = spark_session("sharecoord-rows", master=master, env_cache=cache)
 register(spark)
-rows = [r.asDict(recursive=True) for r in spark.read.format("sharecoord").load(data_dir).collect()]
+reader = spark.read.format("sharecoord")
+if len(where) == 2:
+    frame = reader.option("state_store", where[0]).option("state_store_schema", where[1]).load()
+else:
+    frame = reader.load(where[0])
+frame = frame.withColumn("timestamp", expr("unix_millis(timestamp)"))
+rows = [r.asDict(recursive=True) for r in frame.collect()]
 rows.sort(key=lambda r: (r["state_partition"], r["log_offset"]))
 print("ROWS " + json.dumps(rows, default=str, sort_keys=True))
 spark.stop()
@@ -219,13 +233,15 @@ def run_sharecoord(
 
 
 def read_rows(
-    home: Path, master: str, data_dir: str, cache: str
+    home: Path, master: str, cache: str, *where: str
 ) -> tuple[list[dict[str, Any]], float]:
+    """The data source's rows through a session of the helper: `where` is a data
+    directory, or a store's URI and schema."""
     script = home / "rows.py"
     script.write_text(ROWS_SCRIPT)
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, str(script), master, data_dir, cache],
+        [sys.executable, str(script), master, cache, *where],
         env=spark_env(home),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -281,9 +297,9 @@ def test_compact_audit_and_the_data_source_on_a_standalone_cluster_match_local(
     figures.set("pack_s", float(packed[2]))
 
     # The data source, through the session helper (which ships the same archive).
-    rows, seconds = read_rows(tmp_path, cluster.url, on_cluster, cache)
+    rows, seconds = read_rows(tmp_path, cluster.url, cache, on_cluster)
     figures.set("data_source_cluster_s", round(seconds, 1))
-    expected, seconds = read_rows(tmp_path, "local[2]", here, cache)
+    expected, seconds = read_rows(tmp_path, "local[2]", cache, here)
     figures.set("data_source_local_s", round(seconds, 1))
     figures.set("rows", len(rows))
     assert rows and rows == expected
@@ -307,6 +323,66 @@ def test_compact_audit_and_the_data_source_on_a_standalone_cluster_match_local(
     # One archive, packed once and shipped by every cluster run.
     archives = [n for n in os.listdir(cache) if n.startswith(shipenv.ARCHIVE_PREFIX)]
     assert len(archives) == 1
+    assert re.search(r"\(\d+ MiB, cached\)", runs["cluster"].stdout), runs["cluster"].stdout
+
+
+def on_store(log: PgLog) -> list[str]:
+    return ["--state-store", log.store.uri, "--state-store-schema", log.store.schema]
+
+
+def test_compact_audit_and_the_data_source_on_postgres_on_a_standalone_cluster_match_local(
+    cluster: Cluster, postgres: PostgresServer, tmp_path: Path, figures: Figures
+) -> None:
+    """The same on two identical PostgreSQL stores: the executors COPY the state
+    partitions out themselves, with the psycopg of the shipped environment (the
+    worker's own Python has none)."""
+    cache = str(tmp_path / "env-cache")
+    written = appended_of(ANOMALOUS_LOG * 3)
+    on_cluster = write_store(postgres, written, AUDIT_PARTITIONS)
+    here = write_store(postgres, written, AUDIT_PARTITIONS)
+    before = here.states()
+
+    # The audit of one store (its report names it), into a report per master.
+    runs = {}
+    for master, name in ((cluster.url, "cluster"), ("local[2]", "local")):
+        out = str(tmp_path / f"audit-{name}")
+        runs[name], seconds = run_sharecoord(
+            tmp_path, "audit", *on_store(on_cluster), "--out", out, "--master", master,
+            "--spark-env-cache", cache,
+        )  # fmt: skip
+        figures.set(f"pg_audit_{name}_s", round(seconds, 1))
+    for done in runs.values():
+        assert done.returncode == audit.EXIT_FAILURE, done.stdout + done.stderr  # violations
+        no_traceback(done)
+        assert SECRET not in done.stdout + done.stderr
+    assert report_of(tmp_path / "audit-cluster") == report_of(tmp_path / "audit-local")
+    assert report_of(tmp_path / "audit-local")["violations"] > 0
+    assert re.search(r"\(\d+ MiB, packed in [\d.]+ s\)", runs["cluster"].stdout)
+
+    # The data source through the cluster: what `log dump --json` prints.
+    store = on_cluster.store
+    rows, seconds = read_rows(tmp_path, cluster.url, cache, store.uri, store.schema)
+    figures.set("pg_data_source_cluster_s", round(seconds, 1))
+    figures.set("pg_rows", len(rows))
+    assert rows and rows == cli_dump(on_cluster)
+
+    # Compaction of two identical stores.
+    for master, log, name in ((cluster.url, on_cluster, "cluster"), ("local[2]", here, "local")):
+        runs[name], seconds = run_sharecoord(
+            tmp_path, "compact", *on_store(log), "--master", master,
+            "--history-retention-ms", "-1", "--spark-env-cache", cache,
+        )  # fmt: skip
+        figures.set(f"pg_compact_{name}_s", round(seconds, 1))
+        assert runs[name].returncode == 0, runs[name].stdout + runs[name].stderr
+        assert "0 refused, 0 failed" in runs[name].stdout, runs[name].stdout
+        no_traceback(runs[name])
+        assert log.states() == before
+        log.every_record_once()
+    # Both compactions folded and moved the same records.
+    for p in range(AUDIT_PARTITIONS):
+        for table in ("records", "history"):
+            assert on_cluster.rows(table, p) == here.rows(table, p), (table, p)
+    assert any(here.rows("history", p) for p in range(AUDIT_PARTITIONS))
     assert re.search(r"\(\d+ MiB, cached\)", runs["cluster"].stdout), runs["cluster"].stdout
 
 

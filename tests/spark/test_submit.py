@@ -20,9 +20,12 @@ from protocol.records import ShareKey, ShareSnapshot
 from server.commands.cli import main as sharecoord
 from spark_jobs import audit, compact, submit
 from spark_jobs.audit_report import CHART_PNG, INDEX_HTML, SUMMARY_JSON
+from spark_jobs.storeref import STATE_STORE_ENV
+from tests.postgres import PostgresServer
 from tests.spark.conftest import REPO_ROOT
 from tests.spark.histories import Appended, state_partition_of, write_log
-from tests.spark.test_audit import ANOMALOUS_LOG, b, build, key, snap, upd
+from tests.spark.pg_stores import write_store
+from tests.spark.test_audit import ANOMALOUS_LOG, appended_of, b, build, key, snap, upd
 
 JOB_TIMEOUT_S = 300
 
@@ -340,3 +343,29 @@ def test_a_cluster_master_runs_the_driver_with_this_python(
         env = submit.job_environment(master)
         assert env["PYSPARK_DRIVER_PYTHON"] == sys.executable
         assert "PYSPARK_PYTHON" not in env  # the executors' Python is the cluster's
+
+
+def test_the_environment_cache_reaches_the_job_on_either_store(
+    sealed_log: str, postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--spark-env-cache is where a cluster's environment archive is packed and kept,
+    over a data directory and over the PostgreSQL store alike."""
+    runs: list[tuple[str, str | None]] = []
+
+    def run_job(job: str, master: str, job_args: list[str], env_cache: str | None = None) -> int:
+        runs.append((job, env_cache))
+        return 0
+
+    monkeypatch.setattr(submit, "run_job", run_job)
+    # The CLI hands the URI on to the job in the environment: set and unset here, so
+    # that the test's end undoes what the CLI leaves there.
+    monkeypatch.setenv(STATE_STORE_ENV, "unset")
+    monkeypatch.delenv(STATE_STORE_ENV)
+    log = write_store(postgres, appended_of(ANOMALOUS_LOG), 2)
+    cache = str(tmp_path / "env-cache")
+    where = ["--state-store", log.store.uri, "--state-store-schema", log.store.schema]
+    shipping = ["--master", "spark://m:7077", "--spark-env-cache", cache]
+    assert sharecoord(["compact", "--data-dir", sealed_log, *shipping]) == 0
+    assert sharecoord(["compact", *where, *shipping]) == 0
+    assert sharecoord(["audit", *where, "--out", str(tmp_path / "out"), *shipping]) == 0
+    assert runs == [("compact", cache), ("compact", cache), ("audit", cache)]
