@@ -51,7 +51,9 @@ from persistence import FileOps, LogRecord, read_partition
 from persistence.errors import LogError, MetaMismatchError, StoreUnavailableError
 from persistence.frame import encode_frame_into
 from persistence.ownership import now_ms
+from persistence.postgres import copyin
 from persistence.postgres.connection import check_uri, connect, unavailable
+from persistence.postgres.copyin import Row
 from persistence.postgres.schema import Tables, prepare
 from persistence.segments import segment_name
 from persistence.store_uri import masked
@@ -71,7 +73,7 @@ from server.postgres_tools import StoreToolError, snapshot_of
 from server.postgres_verify import verify_partition
 
 SEGMENT_BYTES: int = next(s.default for s in SERVE_SETTINGS if s.name == "segment_bytes")
-_COPY_TYPES = ["int4", "int8", "int2", "bytea", "bytea", "int8"]
+COPY_BLOCK_ROWS = 5000  # records encoded per block of the COPY
 
 
 @dataclass(frozen=True)
@@ -313,14 +315,11 @@ def _copy_in(conn: psycopg.Connection[Any], tables: Tables, source: str, partiti
     """Step 4's records and keys rows."""
     first: dict[bytes, int] = {}
     snapshot: dict[bytes, int] = {}
-    copy_sql = tables.sql(
-        'COPY {records} (state_partition, "offset", record_type, key, value, "timestamp") '
-        "FROM STDIN (FORMAT BINARY)"
-    )
-    with conn.cursor() as cur, cur.copy(copy_sql) as copy:
-        copy.set_types(_COPY_TYPES)
+
+    def blocks() -> Iterator[bytes]:
+        rows: list[Row] = []
         for record in read_partition(source):
-            copy.write_row(
+            rows.append(
                 (
                     partition,
                     record.offset,
@@ -333,6 +332,12 @@ def _copy_in(conn: psycopg.Connection[Any], tables: Tables, source: str, partiti
             first.setdefault(record.key, record.offset)
             if record.record_type == SNAPSHOT_RECORD_TYPE:
                 snapshot[record.key] = record.offset
+            if len(rows) == COPY_BLOCK_ROWS:
+                yield copyin.encode(rows)
+                rows = []
+        yield copyin.encode(rows)
+
+    copyin.copy_records(conn, tables, blocks())
     keys = [(k, snapshot.get(k, since), k in snapshot) for k, since in first.items()]
     if keys:
         conn.execute(

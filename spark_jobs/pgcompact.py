@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from persistence import LogError
-from persistence.postgres import history
+from persistence.postgres import copyin, history
 from persistence.postgres.connection import unavailable
 from persistence.postgres.schema import declare_history
 from persistence.postgres.store import delete_bare_keys
@@ -59,7 +59,6 @@ EXIT_OK = 0
 EXIT_FAILURE = 1
 
 NOTHING_TO_GAIN = "already compacted: nothing to gain"
-_COPY_TYPES = ["int4", "int8", "int2", "bytea", "bytea", "int8"]
 
 
 @dataclass
@@ -194,14 +193,8 @@ def _write(
     """COPY the folded records in, and point each folded snapshot's key at it."""
     if not records:
         return
-    copy_sql = tables_of(store).sql(
-        'COPY {records} (state_partition, "offset", record_type, key, value, "timestamp") '
-        "FROM STDIN (FORMAT BINARY)"
-    )
-    with conn.cursor() as cur, cur.copy(copy_sql) as copy:
-        copy.set_types(_COPY_TYPES)
-        for offset, timestamp, record_type, key, value in records:
-            copy.write_row((partition, offset, record_type, key, value, timestamp))
+    rows = ((partition, offset, kind, key, value, ts) for offset, ts, kind, key, value in records)
+    copyin.copy_records(conn, tables_of(store), [copyin.encode(rows)])
     snapshots = [(r[3], r[0]) for r in records if r[2] == SNAPSHOT_RECORD_TYPE]
     if snapshots:
         keys, offsets = zip(*snapshots, strict=True)

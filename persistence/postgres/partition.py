@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from persistence.errors import LogError, PartitionFailedError
 from persistence.frame import LogRecord
+from persistence.postgres.copyin import ROW_OVERHEAD, Row
 from persistence.segments import SegmentInfo, SegmentState
 from persistence.swap import CommitOutcome
 from protocol.records import SNAPSHOT_RECORD_TYPE
@@ -21,12 +22,6 @@ if TYPE_CHECKING:
     from persistence.postgres.store import PostgresStore
 
 _log = logging.getLogger("sharecoord.log")
-
-# Bytes a record takes besides its key and value (for size_bytes, roughly).
-ROW_OVERHEAD = 30
-
-# state_partition, offset, record_type, key, value, timestamp: a record's row
-Row = tuple[int, int, int, bytes, bytes | None, int]
 
 
 @dataclass(frozen=True)
@@ -218,10 +213,11 @@ class PostgresPartition:
                 starts[key] = (offset, False)
         return starts
 
-    def committed(self, batch: RowBatch) -> None:
-        """The commit thread, once the batch's transaction committed."""
-        self._known_keys.update(row[3] for row in batch.rows)
-        self._size_bytes += sum(ROW_OVERHEAD + len(r[3]) + len(r[4] or b"") for r in batch.rows)
+    def committed(self, batch: RowBatch, size: int, keyed: Iterable[bytes]) -> None:
+        """The commit thread, once the batch's transaction committed: its rows took
+        `size` bytes (copyin.encode's), and the keys of `keyed` have their keys row."""
+        self._known_keys.update(keyed)
+        self._size_bytes += size
         self._durable_end_offset = batch.end_offset
 
     # -- pruning and compaction --------------------------------------------------------

@@ -20,8 +20,9 @@ multi-host URI, to whichever host accepts writes then.
 
 Replay reads, for each key of the partition, its records from its last snapshot on
 (sharecoord_keys.since), in offset order, in one REPEATABLE READ transaction together
-with the partition's end offset. Everything else (read, prune, the leases) takes a
-pooled connection.
+with the partition's end offset: the records from the oldest key's start on, one range
+of the primary key, less what each key's own snapshot replaced. Everything else (read,
+prune, the leases) takes a pooled connection.
 
 A partition takes appends only with an epoch this store holds for it (``lead``, after
 a claim): ``open`` and ``reset_to_durable`` check it against the leaders table and
@@ -31,9 +32,10 @@ raise NotLeaderError when it is not this node's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -41,7 +43,7 @@ from psycopg import sql
 
 from persistence.errors import LogError, NotLeaderError, StoreUnavailableError
 from persistence.frame import LogRecord
-from persistence.postgres import history, leases
+from persistence.postgres import copyin, history, leases
 from persistence.postgres.connection import (
     Pool,
     Watchdog,
@@ -50,7 +52,8 @@ from persistence.postgres.connection import (
     is_usable,
     unavailable,
 )
-from persistence.postgres.partition import ROW_OVERHEAD, PostgresPartition, RowBatch
+from persistence.postgres.copyin import ROW_OVERHEAD
+from persistence.postgres.partition import PostgresPartition, RowBatch
 from persistence.postgres.schema import Tables, prepare
 from persistence.store import CycleResult
 from persistence.store_uri import masked
@@ -62,7 +65,9 @@ _log = logging.getLogger("sharecoord.log")
 
 # Rows a replay or a read fetches from the server at a time.
 FETCH_ROWS = 5000
-_COPY_TYPES = ["int4", "int8", "int2", "bytea", "bytea", "int8"]
+# What a batch committed adds to its partition: its rows' bytes, the keys it gave a
+# keys row (PostgresPartition.committed).
+_Written = tuple[int, Iterable[bytes]]
 
 
 class PostgresStore:
@@ -255,8 +260,9 @@ class PostgresStore:
             else:
                 live.append(index)
         started = time.perf_counter()
+        written: dict[int, _Written] = {}
         try:
-            fenced = self._commit(batches, live, parts)
+            fenced = self._commit(batches, live, parts, written)
         except BaseException as exc:
             shared = unavailable(exc, self.uri, "commit") if isinstance(exc, psycopg.Error) else exc
             self._drop_commit_connection()
@@ -270,7 +276,7 @@ class PostgresStore:
                 errors[index] = fenced[index]
                 part.fail(fenced[index])
             else:
-                part.committed(batch)
+                part.committed(batch, *written[index])
         return CycleResult(errors, None, seconds)
 
     def _commit(
@@ -278,22 +284,20 @@ class PostgresStore:
         batches: Sequence[tuple[int, RowBatch]],
         live: list[int],
         parts: list[PostgresPartition],
+        written: dict[int, _Written],
     ) -> dict[int, NotLeaderError]:
-        """One transaction (the module docstring); the fenced batches, by index."""
+        """One transaction (the module docstring) in three round trips: BEGIN with the
+        lock of the leaders rows, the COPY, then the keys' upsert with the COMMIT (one
+        pipeline). The fenced batches, by index; what each batch written adds to its
+        partition into `written`. An error leaves the transaction open on the
+        connection, which commit_cycle then drops (the server rolls it back)."""
         if not live:
             return {}
         conn = self._commit_connection()
         tables = self.tables
         fenced: dict[int, NotLeaderError] = {}
-        with self._guarded(conn, "commit"), conn.transaction():
-            rows = conn.execute(
-                tables.sql(
-                    "SELECT state_partition, node_id, epoch FROM {leaders} "
-                    "WHERE state_partition = ANY(%s) ORDER BY state_partition FOR SHARE"
-                ),
-                ([batches[i][0] for i in live],),
-            ).fetchall()
-            found = {int(p): (node, int(epoch)) for p, node, epoch in rows}
+        with self._guarded(conn, "commit"):
+            found = self._begin_locking(conn, sorted({batches[i][0] for i in live}))
             for index in live:
                 partition = batches[index][0]
                 held = self._epochs.get(partition)
@@ -303,35 +307,34 @@ class PostgresStore:
                     fenced[index] = NotLeaderError(partition, held, said)
             writing = [i for i in live if i not in fenced]
             if not writing:
+                conn.execute("ROLLBACK")
                 return fenced
-            with conn.cursor() as cur:
-                copy_sql = tables.sql(
-                    'COPY {records} (state_partition, "offset", record_type, key, value, '
-                    '"timestamp") FROM STDIN (FORMAT BINARY)'
-                )
-                with cur.copy(copy_sql) as copy:
-                    copy.set_types(_COPY_TYPES)
-                    for index in writing:
-                        for row in batches[index][1].rows:
-                            copy.write_row(row)
+            blocks = [copyin.encode(batches[index][1].rows) for index in writing]
+            copyin.copy_records(conn, tables, blocks)
             keys: list[tuple[int, bytes, int, bool]] = []
-            for index in writing:
+            for index, block in zip(writing, blocks, strict=True):
                 partition, batch = batches[index]
                 starts = parts[index].key_starts(batch)
                 keys += [(partition, key, since, snap) for key, (since, snap) in starts.items()]
-            if keys:
-                conn.execute(
-                    tables.sql(
-                        """INSERT INTO {keys} (state_partition, key, since, snapshot)
-                           SELECT * FROM unnest(%s::integer[], %s::bytea[], %s::bigint[],
-                                                %s::boolean[])
-                           ON CONFLICT (state_partition, key) DO UPDATE
-                           SET since = excluded.since, snapshot = true
-                           WHERE excluded.snapshot"""
-                    ),
-                    [list(column) for column in zip(*keys, strict=True)],
-                )
+                written[index] = (len(block), starts.keys())
+            with conn.pipeline():
+                if keys:
+                    columns = [list(column) for column in zip(*keys, strict=True)]
+                    conn.execute(_upsert_keys(tables), columns)
+                conn.execute("COMMIT")
         return fenced
+
+    def _begin_locking(
+        self, conn: psycopg.Connection[Any], partitions: list[int]
+    ) -> dict[int, tuple[int | None, int]]:
+        """BEGIN, and lock the leaders rows of `partitions` FOR SHARE, in one round trip
+        (a statement without parameters goes as a simple query, which may hold two):
+        each partition's (node, epoch)."""
+        cur = conn.cursor()
+        listed = sql.SQL(", ").join(sql.Literal(int(p)) for p in partitions)
+        cur.execute(_begin_locking(self.tables).format(partitions=listed))
+        cur.nextset()  # past BEGIN's result
+        return {int(p): (node, int(epoch)) for p, node, epoch in cur.fetchall()}
 
     def _commit_connection(self) -> psycopg.Connection[Any]:
         conn = self._commit_conn
@@ -362,16 +365,26 @@ class PostgresStore:
 
     def replay_rows(self, conn: psycopg.Connection[Any], partition: int) -> Iterator[LogRecord]:
         """Each key's records from its last snapshot on, in offset order (inside a
-        transaction of the caller's)."""
-        rows = self.rows(
-            conn,
-            f"replay_{partition}",
-            replay_sql(self.tables),
-            (partition,),
-            f"replaying state partition {partition}",
-        )
+        transaction of the caller's): the partition's records from the oldest of the
+        keys' starts on (replay_sql), less each key's records below its own start."""
+        doing = f"replaying state partition {partition}"
+        with self._guarded(conn, doing):
+            starts: dict[bytes, int] = {
+                bytes(key): int(since)
+                for key, since in conn.execute(
+                    self.tables.sql("SELECT key, since FROM {keys} WHERE state_partition = %s"),
+                    (partition,),
+                )
+            }
+        if not starts:
+            return
+        start = min(starts.values())
+        query = replay_sql(self.tables)
+        rows = self.rows(conn, f"replay_{partition}", query, (partition, start), doing)
         for offset, timestamp, record_type, key, value in rows:
-            yield LogRecord(offset, timestamp, record_type, bytes(key), _bytes(value))
+            since = starts.get(key := bytes(key))
+            if since is not None and offset >= since:
+                yield LogRecord(offset, timestamp, record_type, key, _bytes(value))
 
     def read_rows(self, partition: int, from_offset: int, end: int | None) -> Iterator[LogRecord]:
         """Every record of `partition` at or above `from_offset` (below `end`)."""
@@ -428,35 +441,56 @@ class PostgresStore:
         self.close()
 
 
-def replay_sql(tables: Tables) -> sql.Composed:
-    """A partition's records from each key's last snapshot on, in offset order: for each
-    key of sharecoord_keys, one range of the (state_partition, key, offset) index. The
-    OFFSET 0 keeps the planner from folding the per-key subquery into a join, which it
-    would answer by reading every record of the partition (a hash join over a sequential
-    scan) and filtering most of them out."""
+@functools.cache
+def _upsert_keys(tables: Tables) -> sql.Composed:
+    """The keys rows of a commit: a snapshot moves a key's start, a new key gets one."""
     return tables.sql(
-        """SELECT r."offset", r."timestamp", r.record_type, r.key, r.value
-           FROM {keys} k CROSS JOIN LATERAL (
-               SELECT * FROM {records} r
-               WHERE r.state_partition = k.state_partition AND r.key = k.key
-                 AND r."offset" >= k.since
-               OFFSET 0) r
-           WHERE k.state_partition = %s
-           ORDER BY r."offset\""""
+        """INSERT INTO {keys} (state_partition, key, since, snapshot)
+           SELECT * FROM unnest(%s::integer[], %s::bytea[], %s::bigint[], %s::boolean[])
+           ON CONFLICT (state_partition, key) DO UPDATE
+           SET since = excluded.since, snapshot = true
+           WHERE excluded.snapshot"""
+    )
+
+
+@functools.cache
+def _begin_locking(tables: Tables) -> sql.SQL:
+    """BEGIN and the lock of the leaders rows, {partitions} left to fill in."""
+    statement = tables.sql(
+        "BEGIN; SELECT state_partition, node_id, epoch FROM {leaders} "
+        "WHERE state_partition IN ({partitions}) ORDER BY state_partition FOR SHARE",
+        partitions=sql.SQL("{partitions}"),
+    )
+    return sql.SQL(statement.as_string(None))
+
+
+def replay_sql(tables: Tables) -> sql.Composed:
+    """A partition's records from an offset on, in offset order: one range of the
+    primary key. Its start is the oldest of the keys' last snapshots, which is where
+    pruning cuts the log, so a load reads the log that is kept and nothing the history
+    holds; replay_rows drops, per key, what its own last snapshot replaced. There is no
+    index by key (schema version 3 dropped it): every commit paid for it, row by row,
+    and a replay reads the kept log at one range anyway (docs/design.md)."""
+    return tables.sql(
+        """SELECT "offset", "timestamp", record_type, key, value FROM {records}
+           WHERE state_partition = %s AND "offset" >= %s
+           ORDER BY "offset\""""
     )
 
 
 def delete_bare_keys(
     conn: psycopg.Connection[Any], tables: Tables, partition: int, below: int
 ) -> None:
-    """Delete the keys rows (starting below `below`) none of whose records remain."""
+    """Delete the keys rows (starting below `below`) none of whose records remain.
+    Compaction's folded records stand below `below`, so every record of the partition
+    is looked at (one range of the primary key, hashed against the keys rows)."""
     conn.execute(
         tables.sql(
             """DELETE FROM {keys} k
                    WHERE k.state_partition = %(p)s AND k.since < %(below)s
                      AND NOT EXISTS (
                        SELECT 1 FROM {records} r
-                       WHERE r.state_partition = k.state_partition AND r.key = k.key)"""
+                       WHERE r.state_partition = %(p)s AND r.key = k.key)"""
         ),
         {"p": partition, "below": below},
     )

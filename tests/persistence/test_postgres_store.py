@@ -29,6 +29,7 @@ from persistence.postgres import (
     SCHEMA_VERSION,
     PostgresStore,
     claim,
+    copyin,
     heartbeat,
     list_leases,
     masked,
@@ -255,6 +256,40 @@ def test_a_store_s_repr_masks_the_password(postgres: PostgresServer) -> None:
         assert "hunter2" not in repr(store.partition(0))
 
 
+# -- the COPY's own encoding -------------------------------------------------------------
+
+
+def test_records_encoded_for_copy_read_back_as_written(postgres: PostgresServer) -> None:
+    """copyin.encode writes COPY's binary format itself: every field's extremes, a NULL
+    value and empty bytes read back as they were, and a row's length is what
+    ROW_OVERHEAD says."""
+    schema = fresh_schema()
+    store = PostgresStore.open(postgres.uri(), 3, 1, schema=schema)
+    rows: list[copyin.Row] = [
+        (0, 0, 0, b"k", b"v", 0),
+        (2, 2**63 - 1, -(2**15), bytes(range(256)), None, -(2**63)),
+        (1, 7, 2**15 - 1, b"", b"", 2**63 - 1),
+        (1, 8, 1, b"\x00" * 3, bytes(100_000), 1_700_000_000_000),
+    ]
+    for row in rows:
+        assert len(copyin.encode([row])) == copyin.ROW_OVERHEAD + len(row[3]) + len(row[4] or b"")
+    with store.transaction("test") as conn:
+        copyin.copy_records(
+            conn, store.tables, [copyin.encode(rows[:2]), b"", copyin.encode(rows[2:])]
+        )
+    with store.transaction("test") as conn:
+        back = conn.execute(
+            store.tables.sql(
+                'SELECT state_partition, "offset", record_type, key, value, "timestamp" '
+                'FROM {records} ORDER BY state_partition, "offset"'
+            )
+        ).fetchall()
+    store.close()
+    assert [
+        (p, o, t, bytes(k), None if v is None else bytes(v), ts) for p, o, t, k, v, ts in back
+    ] == sorted(rows)
+
+
 # -- the replay from each key's last snapshot -------------------------------------------
 
 KEYS = 200
@@ -279,8 +314,11 @@ def fill(store: PostgresStore) -> None:
 
 
 def records_scanned(server: PostgresServer, store: PostgresStore) -> int:
-    """How many rows of sharecoord_records the replay's plan reads, by EXPLAIN ANALYZE."""
-    query = replay_sql(store.tables).as_string(None).replace("%s", "0")
+    """How many rows of sharecoord_records the replay's plan reads, by EXPLAIN ANALYZE:
+    partition 0 from the oldest key's start on, as replay_rows asks."""
+    keys = f"{store.tables.schema}.sharecoord_keys"
+    start = server.execute(f"SELECT min(since) FROM {keys} WHERE state_partition = 0")
+    query = replay_sql(store.tables).as_string(None) % ("0", start)
     plan = json.loads(server.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {query}"))
 
     def scanned(node: dict[str, Any]) -> int:
@@ -461,3 +499,30 @@ def test_a_store_of_version_1_is_upgraded_with_its_records_kept(postgres: Postgr
     )
     assert postgres.execute(f"SELECT count(*) FROM {schema}.sharecoord_history") == "0"
     assert postgres.execute(f"SELECT count(*) FROM {schema}.sharecoord_records") == "3"
+
+
+def test_a_store_of_version_2_loses_the_index_by_key_and_replays_the_same(
+    postgres: PostgresServer,
+) -> None:
+    """Version 3 dropped the index on records by key (every commit paid for it): a store
+    a version-2 daemon created loses it, and its replay gives the same records."""
+    schema = fresh_schema()
+    store = open_led(postgres.uri(), 1, schema=schema)
+    append_records(store.partition(0), 40)
+    assert store.commit_cycle([(0, store.partition(0).take_pending())]).shared is None
+    before: list[Any] = []
+    store.partition(0).read_recovered(before.append)
+    store.close()
+    index = f"{schema}.sharecoord_records_by_key"
+    postgres.execute(
+        f"CREATE INDEX sharecoord_records_by_key ON {schema}.sharecoord_records "
+        f'(state_partition, key, "offset"); UPDATE {schema}.sharecoord_schema SET version = 2'
+    )
+    assert postgres.execute(f"SELECT to_regclass('{index}') IS NULL") == "f"
+    with PostgresStore.open(postgres.uri(), 1, 1, schema=schema) as store:
+        after: list[Any] = []
+        store.partition(0).read_recovered(after.append)
+    assert postgres.execute(f"SELECT to_regclass('{index}') IS NULL") == "t"
+    assert postgres.execute(f"SELECT version FROM {schema}.sharecoord_schema") == "3"
+    assert after == before
+    assert len(before) < 40  # each key from its last snapshot on, not every record
