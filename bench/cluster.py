@@ -3,10 +3,10 @@ failover.
 
 * ``write_rows``: the same write bodies (bench/workload.py) to a daemon on a data
   directory and to a node on PostgreSQL (a primary with a synchronous standby, as
-  docs/operations.md recommends for zero loss), one after the other in the same run,
-  single writes and batched ones (50 share-partitions a request). Each daemon is pinned
-  to the server CPU; PostgreSQL's servers are not (they share the machine with the load
-  generator).
+  docs/operations.md recommends for zero loss), one after the other, twice over in the
+  same run, single writes and batched ones (50 share-partitions a request). Each daemon
+  is pinned to the server CPU; PostgreSQL's servers are not (they share the machine
+  with the load generator).
 * ``failover_runs``: two nodes on that PostgreSQL (the default lease, 5 s); the leader
   of one share-partition SIGKILLed, then a write of it through the client library, which
   finds the new leader by its retry: the seconds from the kill to that write's success,
@@ -36,6 +36,7 @@ from tests.postgres import PostgresServer, running_servers, server_root
 WRITE = "/v1/share-group-state/write"
 STATE_PARTITIONS = 50  # serve's default, as the local daemon of the other rows
 RUNS = 5
+ROUNDS = 2  # of the write rows, the stores alternating
 SCHEMA_WRITES = "bench_writes"
 SCHEMA_FAILOVER = "bench_failover"
 Ready = Callable[[str], object]
@@ -65,43 +66,53 @@ def _serve(port: int, *store: str) -> list[str]:
 def write_rows(
     work: Path, bodies: dict[str, Path], duration: float, primary: PostgresServer, ready: Ready
 ) -> list[LoadResult]:
+    """Each store's rows, ROUNDS times, the stores alternating (the machine's speed
+    drifts: a ratio is taken within a round, between runs minutes apart)."""
     results: list[LoadResult] = []
-    stores = {
-        "local store": ["--data-dir", str(work / "local-store-data")],
-        "postgres store": ["--state-store", primary.uri(), "--state-store-schema", SCHEMA_WRITES,
-                           "--data-dir", str(work / "postgres-store-data")],
-    }  # fmt: skip
-    for name, flags in stores.items():
-        port = free_port()
-        _say(f"{name}: single and batched writes")
-        argv = pinned(server_cpus(), _serve(port, *flags))
-        log = str(work / f"{name.replace(' ', '-')}.log")
-        with running(argv, env=python_env(), log=log) as proc:
-            base = f"http://127.0.0.1:{port}"
-            ready(base)
-            initialize_all(base)
-            for rows, bodies_file, items in WRITE_ROWS:
-                results.append(
-                    run_wrk(
-                        f"{name} {rows}",
-                        base + WRITE,
-                        bodies[bodies_file],
-                        concurrency=16,
-                        duration_s=duration,
-                        server_pid=proc.pid,
-                        items_per_request=items,
+    for round_ in range(1, ROUNDS + 1):
+        stores = {
+            "local store": ["--data-dir", str(work / f"local-store-data-{round_}")],
+            "postgres store": ["--state-store", primary.uri(), "--state-store-schema",
+                               f"{SCHEMA_WRITES}_{round_}",
+                               "--data-dir", str(work / f"postgres-store-data-{round_}")],
+        }  # fmt: skip
+        for name, flags in stores.items():
+            port = free_port()
+            _say(f"{name}, round {round_}: single and batched writes")
+            argv = pinned(server_cpus(), _serve(port, *flags))
+            log = str(work / f"{name.replace(' ', '-')}-{round_}.log")
+            with running(argv, env=python_env(), log=log) as proc:
+                base = f"http://127.0.0.1:{port}"
+                ready(base)
+                initialize_all(base)
+                for rows, bodies_file, items in WRITE_ROWS:
+                    results.append(
+                        run_wrk(
+                            f"{name} {rows} (round {round_})",
+                            base + WRITE,
+                            bodies[bodies_file],
+                            concurrency=16,
+                            duration_s=duration,
+                            server_pid=proc.pid,
+                            items_per_request=items,
+                        )
                     )
-                )
-                _say(f"  {rows} c=16: {results[-1].items_per_s:,.0f} share-partitions/s")
+                    _say(f"  {rows} c=16: {results[-1].items_per_s:,.0f} share-partitions/s")
     return results
 
 
 def batched_ratio(rows: list[LoadResult]) -> dict[str, float]:
+    """PostgreSQL over local, batched, in each round."""
     by_name = {r.name: r.items_per_s for r in rows}
-    local, postgres = by_name.get("local store write x50"), by_name.get("postgres store write x50")
-    if not local or not postgres:
-        return {}
-    return {"PostgreSQL store / local store, batched writes c=16": postgres / local}
+    out: dict[str, float] = {}
+    for round_ in range(1, ROUNDS + 1):
+        local = by_name.get(f"local store write x50 (round {round_})")
+        postgres = by_name.get(f"postgres store write x50 (round {round_})")
+        if local and postgres:
+            out[f"PostgreSQL store / local store, batched writes c=16, round {round_}"] = (
+                postgres / local
+            )
+    return out
 
 
 # --- failover -----------------------------------------------------------------------------
