@@ -5,8 +5,8 @@ partitions without a live leader first, and the table a person reads of it.
 Both the endpoint (from the node's leadership) and the command (from the tables
 directly, no daemon needed) build the same ``ClusterStatus`` here, from the rows
 ``persistence.postgres.leases`` reads. A node is live while its last heartbeat is
-younger than the lease, the rule by which the nodes share out the partitions
-(server/leadership.py).
+younger than its own lease (as its heartbeat says; the reader's for a node of an older
+release), the rule by which the nodes share out the partitions (server/leadership.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def cluster_status(
                 node.kafka_listener,
                 _timestamp(node.last_heartbeat) or "",
                 round(node.heartbeat_age_ms, 1),
-                node.heartbeat_age_ms < lease_ms,
+                node.live(lease_ms),
             )
             for node in nodes
         ],
@@ -139,4 +139,3 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
         for line in (header, *rows)
     )
-

@@ -282,7 +282,9 @@ class Leadership:
         or another's) takes them with a new epoch."""
         store, tables = self._store, self._store.tables
         with store.connection("renewing the leases") as conn:
-            leases.heartbeat(conn, tables, self.node_id, self.http_listener, self.kafka_listener)
+            leases.heartbeat(
+                conn, tables, self.node_id, self.http_listener, self.kafka_listener, self.lease_ms
+            )
             renewed = leases.renew(conn, tables, self.node_id, self.lease_ms)
             stray = sorted(p for p, epoch in renewed.items() if held.get(p) != epoch)
             if stray:
@@ -399,7 +401,6 @@ class Leadership:
             await asyncio.sleep(max(0.01, min(nearest - now, 1.0)))
 
 
-
 @dataclass(frozen=True)
 class Plan:
     """What one round of one node does (module docstring, steps 3 and 4): hand
@@ -428,7 +429,7 @@ def plan_round(
     """One node's decision from one round's view of the leaders and nodes tables; no
     I/O, so that the sharing out can be checked over whole simulated clusters
     (tests/server/test_lease_sharing.py)."""
-    live_nodes = {n.node_id for n in view.nodes if n.heartbeat_age_ms < lease_ms}
+    live_nodes = {n.node_id for n in view.nodes if n.live(lease_ms)}
     live_nodes.add(node_id)
     # Partitions whose preferred node is live are its own, out of the sharing.
     pinned = {p: n for p, n in preferred.items() if n in live_nodes}

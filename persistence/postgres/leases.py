@@ -51,6 +51,12 @@ class NodeRow:
     kafka_listener: str | None
     last_heartbeat: datetime.datetime
     heartbeat_age_ms: float  # by PostgreSQL's clock
+    lease_ms: int | None = None  # the node's own; None from a node of an older release
+
+    def live(self, default_lease_ms: int) -> bool:
+        """Whether its last heartbeat is younger than its own lease (the reader's,
+        `default_lease_ms`, for a node that did not say)."""
+        return self.heartbeat_age_ms < (self.lease_ms or default_lease_ms)
 
 
 @dataclass(frozen=True)
@@ -121,17 +127,20 @@ def heartbeat(
     node_id: int,
     http_listener: str | None,
     kafka_listener: str | None,
+    lease_ms: int,
 ) -> None:
     conn.execute(
         tables.sql(
-            """INSERT INTO {nodes} (node_id, http_listener, kafka_listener, last_heartbeat)
-               VALUES (%s, %s, %s, clock_timestamp())
+            """INSERT INTO {nodes}
+                   (node_id, http_listener, kafka_listener, last_heartbeat, lease_ms)
+               VALUES (%s, %s, %s, clock_timestamp(), %s)
                ON CONFLICT (node_id) DO UPDATE SET
                    http_listener = excluded.http_listener,
                    kafka_listener = excluded.kafka_listener,
-                   last_heartbeat = excluded.last_heartbeat"""
+                   last_heartbeat = excluded.last_heartbeat,
+                   lease_ms = excluded.lease_ms"""
         ),
-        (node_id, http_listener, kafka_listener),
+        (node_id, http_listener, kafka_listener, lease_ms),
     )
 
 
@@ -154,12 +163,13 @@ def list_nodes(conn: psycopg.Connection[Any], tables: Tables) -> list[NodeRow]:
     rows = conn.execute(
         tables.sql(
             """SELECT node_id, http_listener, kafka_listener, last_heartbeat,
-                      extract(epoch FROM clock_timestamp() - last_heartbeat) * 1000
+                      extract(epoch FROM clock_timestamp() - last_heartbeat) * 1000, lease_ms
                FROM {nodes} ORDER BY node_id"""
         )
     ).fetchall()
     return [
-        NodeRow(int(node), http, kafka, beat, float(age)) for node, http, kafka, beat, age in rows
+        NodeRow(int(node), http, kafka, beat, float(age), lease)
+        for node, http, kafka, beat, age, lease in rows
     ]
 
 

@@ -15,7 +15,8 @@ nothing of theirs::
     sharecoord_leaders  state_partition, node_id, epoch, lease_expiry: who leads each
                         state partition, under which epoch, until when (PostgreSQL's
                         clock); a row per partition from the start, epoch 0, no leader
-    sharecoord_nodes    node_id, http_listener, kafka_listener, last_heartbeat
+    sharecoord_nodes    node_id, http_listener, kafka_listener, last_heartbeat,
+                        lease_ms: the node's lease (version 3; NULL from an older node)
     sharecoord_history  the records compaction and pruning took out of the log (same
                         columns as sharecoord_records, same primary key), while the
                         store keeps a history (version 2)
@@ -177,6 +178,8 @@ _STEPS: list[list[str]] = [
         # cycle's time in PostgreSQL); a replay reads the kept log as one range of the
         # primary key instead (store.replay_sql).
         "DROP INDEX IF EXISTS {schema}.{records_by_key}",
+        # A node's own lease, so that whoever reads the nodes table judges it by it.
+        "ALTER TABLE {nodes} ADD COLUMN lease_ms integer",
     ],
 ]
 

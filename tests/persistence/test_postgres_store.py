@@ -32,6 +32,7 @@ from persistence.postgres import (
     copyin,
     heartbeat,
     list_leases,
+    list_nodes,
     masked,
     release,
     renew,
@@ -169,12 +170,25 @@ def test_renewal_extends_every_live_lease_of_a_node_in_one_statement(
             assert renew(conn, tables, 1, LEASE_MS) == {0: 1, 1: 1}
             assert claim(conn, tables, 2, 1, LEASE_MS) == 2
             assert release(conn, tables, 1, [3]) == []  # not node 1's to release
-            heartbeat(conn, tables, 1, "127.0.0.1:9095", None)
-            heartbeat(conn, tables, 1, "127.0.0.1:9096", "127.0.0.1:9092")
+            heartbeat(conn, tables, 1, "127.0.0.1:9095", None, 3000)
+            heartbeat(conn, tables, 1, "127.0.0.1:9096", "127.0.0.1:9092", 3000)
+            heartbeat(conn, tables, 2, None, None, 60_000)
             rows = conn.execute(
                 tables.sql("SELECT node_id, http_listener, kafka_listener FROM {nodes}")
             ).fetchall()
-            assert rows == [(1, "127.0.0.1:9096", "127.0.0.1:9092")]
+            assert sorted(rows) == [(1, "127.0.0.1:9096", "127.0.0.1:9092"), (2, None, None)]
+            # Each node is judged by its own lease, whatever the reader's: 4 s without
+            # a heartbeat is past node 1's 3 s, within node 2's 60 s.
+            conn.execute(
+                tables.sql(
+                    "UPDATE {nodes} SET last_heartbeat = clock_timestamp() - '4 s'::interval"
+                )
+            )
+            nodes = {node.node_id: node for node in list_nodes(conn, tables)}
+            assert (nodes[1].lease_ms, nodes[2].lease_ms) == (3000, 60_000)
+            assert not nodes[1].live(5000) and nodes[2].live(1000)
+            conn.execute(tables.sql("UPDATE {nodes} SET lease_ms = NULL"))  # an older node
+            assert [node.live(5000) for node in list_nodes(conn, tables)] == [True, True]
 
 
 # -- the schema -------------------------------------------------------------------------
@@ -488,6 +502,7 @@ def test_a_store_of_version_1_is_upgraded_with_its_records_kept(postgres: Postgr
     postgres.execute(
         f"DROP TABLE {schema}.sharecoord_history, {schema}.sharecoord_history_marks; "
         f"ALTER TABLE {schema}.sharecoord_schema DROP COLUMN history_retention_ms; "
+        f"ALTER TABLE {schema}.sharecoord_nodes DROP COLUMN lease_ms; "
         f"UPDATE {schema}.sharecoord_schema SET version = 1"
     )
     PostgresStore.open(postgres.uri(), 2, 1, schema=schema).close()
@@ -504,8 +519,9 @@ def test_a_store_of_version_1_is_upgraded_with_its_records_kept(postgres: Postgr
 def test_a_store_of_version_2_loses_the_index_by_key_and_replays_the_same(
     postgres: PostgresServer,
 ) -> None:
-    """Version 3 dropped the index on records by key (every commit paid for it): a store
-    a version-2 daemon created loses it, and its replay gives the same records."""
+    """Version 3 dropped the index on records by key (every commit paid for it) and gave
+    each node row its lease: a store a version-2 daemon created loses the index and
+    gains the column, and its replay gives the same records."""
     schema = fresh_schema()
     store = open_led(postgres.uri(), 1, schema=schema)
     append_records(store.partition(0), 40)
@@ -516,7 +532,8 @@ def test_a_store_of_version_2_loses_the_index_by_key_and_replays_the_same(
     index = f"{schema}.sharecoord_records_by_key"
     postgres.execute(
         f"CREATE INDEX sharecoord_records_by_key ON {schema}.sharecoord_records "
-        f'(state_partition, key, "offset"); UPDATE {schema}.sharecoord_schema SET version = 2'
+        f'(state_partition, key, "offset"); UPDATE {schema}.sharecoord_schema SET version = 2; '
+        f"ALTER TABLE {schema}.sharecoord_nodes DROP COLUMN lease_ms"
     )
     assert postgres.execute(f"SELECT to_regclass('{index}') IS NULL") == "f"
     with PostgresStore.open(postgres.uri(), 1, 1, schema=schema) as store:
@@ -524,5 +541,6 @@ def test_a_store_of_version_2_loses_the_index_by_key_and_replays_the_same(
         store.partition(0).read_recovered(after.append)
     assert postgres.execute(f"SELECT to_regclass('{index}') IS NULL") == "t"
     assert postgres.execute(f"SELECT version FROM {schema}.sharecoord_schema") == "3"
+    assert postgres.execute(f"SELECT count(lease_ms) FROM {schema}.sharecoord_nodes") == "0"
     assert after == before
     assert len(before) < 40  # each key from its last snapshot on, not every record
