@@ -267,6 +267,28 @@ def no_traceback(done: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in both and "Exception in thread" not in both, both
 
 
+def audit_on_both(
+    cluster: Cluster, tmp_path: Path, cache: str, source: list[str], figures: Figures, prefix: str
+) -> dict[str, subprocess.CompletedProcess[str]]:
+    """The audit of `source` (a data directory's or a store's flags) on the cluster and
+    on local[2], a report each: both find the planted violations, and the reports are
+    the same. The runs, by master's name."""
+    runs = {}
+    for master, name in ((cluster.url, "cluster"), ("local[2]", "local")):
+        out = str(tmp_path / f"audit-{name}")
+        runs[name], seconds = run_sharecoord(
+            tmp_path, "audit", *source, "--out", out, "--master", master,
+            "--spark-env-cache", cache,
+        )  # fmt: skip
+        figures.set(f"{prefix}audit_{name}_s", round(seconds, 1))
+    for done in runs.values():
+        assert done.returncode == audit.EXIT_FAILURE, done.stdout + done.stderr  # violations
+        no_traceback(done)
+    assert report_of(tmp_path / "audit-cluster") == report_of(tmp_path / "audit-local")
+    assert report_of(tmp_path / "audit-local")["violations"] > 0
+    return runs
+
+
 def test_compact_audit_and_the_data_source_on_a_standalone_cluster_match_local(
     cluster: Cluster, tmp_path: Path, figures: Figures
 ) -> None:
@@ -278,19 +300,7 @@ def test_compact_audit_and_the_data_source_on_a_standalone_cluster_match_local(
 
     # The audit, into a report per master; the first run on the cluster packs the
     # environment into the cache.
-    runs = {}
-    for master, name in ((cluster.url, "cluster"), ("local[2]", "local")):
-        out = str(tmp_path / f"audit-{name}")
-        runs[name], seconds = run_sharecoord(
-            tmp_path, "audit", "--data-dir", on_cluster, "--out", out, "--master", master,
-            "--spark-env-cache", cache,
-        )  # fmt: skip
-        figures.set(f"audit_{name}_s", round(seconds, 1))
-    for done in runs.values():
-        assert done.returncode == audit.EXIT_FAILURE, done.stdout + done.stderr  # violations
-        no_traceback(done)
-    assert report_of(tmp_path / "audit-cluster") == report_of(tmp_path / "audit-local")
-    assert report_of(tmp_path / "audit-local")["violations"] > 0
+    runs = audit_on_both(cluster, tmp_path, cache, ["--data-dir", on_cluster], figures, "")
     packed = re.search(r"\((\d+) MiB, packed in ([\d.]+) s\)", runs["cluster"].stdout)
     assert packed is not None, runs["cluster"].stdout
     figures.set("archive_mib", int(packed[1]))
@@ -343,20 +353,9 @@ def test_compact_audit_and_the_data_source_on_postgres_on_a_standalone_cluster_m
     before = here.states()
 
     # The audit of one store (its report names it), into a report per master.
-    runs = {}
-    for master, name in ((cluster.url, "cluster"), ("local[2]", "local")):
-        out = str(tmp_path / f"audit-{name}")
-        runs[name], seconds = run_sharecoord(
-            tmp_path, "audit", *on_store(on_cluster), "--out", out, "--master", master,
-            "--spark-env-cache", cache,
-        )  # fmt: skip
-        figures.set(f"pg_audit_{name}_s", round(seconds, 1))
+    runs = audit_on_both(cluster, tmp_path, cache, on_store(on_cluster), figures, "pg_")
     for done in runs.values():
-        assert done.returncode == audit.EXIT_FAILURE, done.stdout + done.stderr  # violations
-        no_traceback(done)
         assert SECRET not in done.stdout + done.stderr
-    assert report_of(tmp_path / "audit-cluster") == report_of(tmp_path / "audit-local")
-    assert report_of(tmp_path / "audit-local")["violations"] > 0
     assert re.search(r"\(\d+ MiB, packed in [\d.]+ s\)", runs["cluster"].stdout)
 
     # The data source through the cluster: what `log dump --json` prints.
