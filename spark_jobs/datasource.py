@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -57,6 +57,12 @@ NAME = "sharecoord"
 PARTITIONINGS = ("segment", "state_partition")
 DEFAULT_TASK_BYTES = 16 * 1024 * 1024
 SCHEMA_ENV = "SHARECOORD_STATE_STORE_SCHEMA"
+NO_DRIVER = (
+    "this executor's Python cannot import psycopg, which reading a PostgreSQL store "
+    "needs: run the executors on a Python with sharecoord's postgres extra, or start the "
+    "session with spark_jobs.session.spark_session(..., reads_store=True), which ships "
+    "one to a cluster and checks the executors first (docs/operations.md#spark-on-a-cluster)"
+)
 
 
 class ShareLogDataSource(DataSource):
@@ -145,12 +151,24 @@ class ShareLogReader(DataSourceReader):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         for piece in partition.value:
             if piece[0] == "store":
-                from spark_jobs.pgsource import read_partition_batches  # noqa: PLC0415
-
                 _, store, state_partition, after, kept = piece
-                yield from read_partition_batches(store, state_partition, after, with_history=kept)
+                read_store = _store_reader()
+                yield from read_store(store, state_partition, after, with_history=kept)
             else:
                 yield from read_piece(piece)
+
+
+def _store_reader() -> Callable[..., Iterator[pa.RecordBatch]]:
+    """pgsource's reader, imported on the executor: a Python there without psycopg is
+    told what to do in the last line of Spark's trace, not as a module missing deep in
+    it. (``spark_session(..., reads_store=True)`` checks the executors before any work.)"""
+    try:
+        from spark_jobs.pgsource import read_partition_batches  # noqa: PLC0415
+    except ModuleNotFoundError as exc:
+        if (exc.name or "").partition(".")[0] != "psycopg":
+            raise
+        raise RuntimeError(NO_DRIVER) from None
+    return read_partition_batches
 
 
 def group_pieces(pieces: list[Piece], task_bytes: int) -> list[list[Piece]]:

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.functions import expr
 
 from protocol.records import RecordDecoder, encode_record, record_row
-from spark_jobs import audit
+from spark_jobs import audit, datasource
 from spark_jobs import compact as compact_job
 from spark_jobs.datasource import register
 from spark_jobs.pgcompact import EXIT_OK
@@ -382,3 +383,20 @@ def once_each(postgres: PostgresServer, schema: str) -> None:
         assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), f"partition {p}"
         moved += len(history)
     assert moved  # compaction and pruning did move records into the history
+
+
+def test_an_executor_without_psycopg_is_told_what_to_do_in_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What a task of the data source meets on an executor whose Python has no psycopg
+    (a session the user built without reads_store=True): one line saying what to do,
+    not a module missing deep in Spark's trace."""
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # `import psycopg` now fails
+    monkeypatch.delitem(sys.modules, "spark_jobs.pgsource", raising=False)
+    reader = datasource.ShareLogReader({"state_store": "postgresql://sharecoord@127.0.0.1/db"})
+    assert reader.store is not None
+    piece = ("store", reader.store, 0, -1, False)
+    with pytest.raises(RuntimeError) as raised:
+        next(iter(reader.read(datasource._Pieces([piece]))))
+    assert str(raised.value) == datasource.NO_DRIVER
+    assert "psycopg" in str(raised.value) and "\n" not in str(raised.value)
