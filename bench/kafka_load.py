@@ -1,14 +1,16 @@
 """A load generator that speaks Kafka's protocol: what wrk is to the HTTP scenarios.
 
-    python -m bench.kafka_load HOST PORT FRAMES CONCURRENCY SECONDS
+    python -m bench.kafka_load HOST PORT FRAMES CONCURRENCY SECONDS [REQUESTS]
 
 FRAMES is a file of pre-encoded WriteShareGroupState requests (``write_frames`` builds it
 from bench/workload.py's bodies), each with its size prefix. CONCURRENCY connections
 each keep one request in flight, as Kafka's persister does per connection: the next one
-goes out when the answer to the last arrives. Everything runs in callbacks on uvloop (no
-coroutine per request), so the generator's cost per request is a few microseconds of
-Python. It prints one JSON object: requests, seconds, requests/s, p50/p99 in ms, and
-errors (answers that were not frames, or connections lost).
+goes out when the answer to the last arrives; with REQUESTS, the run ends once that many
+have been sent and answered (or SECONDS have passed, whichever comes first). Everything
+runs in callbacks on uvloop (no coroutine per request), so the generator's cost per
+request is a few microseconds of Python. It prints one JSON object: requests, seconds,
+requests/s, p50/p99 in ms, and errors (answers that were not frames, or connections
+lost).
 
 ``run_kafka_load`` runs it pinned to the generator CPU and returns a ``LoadResult`` with
 the server's and the generator's CPU share, as ``bench.loadgen.run_wrk`` does for wrk.
@@ -69,7 +71,13 @@ class _Connection(asyncio.Protocol):
         self._send()
 
     def _send(self) -> None:
-        frames = self.run.frames
+        run = self.run
+        if run.limit is not None:
+            if run.sent >= run.limit:
+                run.finished(self)
+                return
+            run.sent += 1
+        frames = run.frames
         frame = frames[self.next % len(frames)]
         self.next += 1
         self.sent_at = time.perf_counter()
@@ -101,9 +109,11 @@ class _Connection(asyncio.Protocol):
 
 
 class _Run:
-    def __init__(self, frames: list[bytes], seconds: float) -> None:
+    def __init__(self, frames: list[bytes], seconds: float, limit: int | None = None) -> None:
         self.frames = frames
         self.seconds = seconds
+        self.limit = limit  # requests to send in all, or None: until the time is up
+        self.sent = 0
         self.latencies: list[float] = []
         self.errors = 0
         self.stop_at = 0.0
@@ -116,9 +126,16 @@ class _Run:
             self.done.set_result(None)
 
 
-async def _main(host: str, port: int, frames: list[bytes], concurrency: int, seconds: float) -> Any:
+async def _main(
+    host: str,
+    port: int,
+    frames: list[bytes],
+    concurrency: int,
+    seconds: float,
+    limit: int | None = None,
+) -> Any:
     loop = asyncio.get_running_loop()
-    run = _Run(frames, seconds)
+    run = _Run(frames, seconds, limit)
     run.done = loop.create_future()
     run.stop_at = time.perf_counter() + seconds + 60  # set for real once all are open
     connections = []
@@ -150,8 +167,9 @@ def main() -> None:
     import uvloop  # noqa: PLC0415
 
     host, port, path, concurrency, seconds = sys.argv[1:6]
+    limit = int(sys.argv[6]) if len(sys.argv) > 6 else None
     frames = read_frames(path)
-    result = uvloop.run(_main(host, int(port), frames, int(concurrency), float(seconds)))
+    result = uvloop.run(_main(host, int(port), frames, int(concurrency), float(seconds), limit))
     print(json.dumps(result))
 
 
@@ -164,11 +182,13 @@ def run_kafka_load(
     duration_s: float,
     server_pid: int,
     items_per_request: int = 1,
+    requests: int | None = None,
 ) -> LoadResult:
+    """A run of ``duration_s``, or of ``requests`` requests (``duration_s`` then caps it)."""
     argv = pinned(
         generator_cpus(),
         [sys.executable, "-m", "bench.kafka_load", "127.0.0.1", str(port), str(frames),
-         str(concurrency), f"{duration_s:g}"],
+         str(concurrency), f"{duration_s:g}", *([] if requests is None else [str(requests)])],
     )  # fmt: skip
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parent.parent)
