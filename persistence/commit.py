@@ -17,7 +17,10 @@ itself, with no sleep on the path (but Kafka's append linger, when set).
 Checkpoints run in a thread of their own, off the request path: every
 `checkpoint_bytes` of journal, every `checkpoint_interval_ms`, and at close. One
 fdatasyncs the partitions written since the last one, records CHECKPOINT, and deletes
-the journal segments nothing needs any more (StateLog.take_checkpoint). A partition
+the journal segments nothing needs any more (StateLog.take_checkpoint). Its LSN is where
+the journal ended after the last cycle whose partition files are written, never the
+journal's end itself: a timed checkpoint may start while a cycle is in the commit
+thread, whose record may be journaled and its frames not yet in the files. A partition
 whose sync fails keeps the journal from shrinking below its frames; past
 `journal_max_bytes` the committer refuses writes (`refusing_writes`) until a checkpoint
 gets through.
@@ -147,6 +150,9 @@ class GroupCommitter(Generic[BatchT]):
         # Partitions with journaled frames no checkpoint has synced yet.
         self._unsynced: set[int] = set()
         self._journal_bytes_at_checkpoint = 0
+        # Where the journal ended after the last cycle whose files are written: what a
+        # checkpoint may count as applied (set at start, then by each cycle).
+        self._applied_lsn = 0
         self._last_checkpoint = time.monotonic()
         self.cycles = 0  # commit cycles that wrote something
         self.checkpoints = 0
@@ -164,6 +170,8 @@ class GroupCommitter(Generic[BatchT]):
         self._wakeup = asyncio.Event()
         loop = asyncio.get_running_loop()
         self._task = loop.create_task(self._run(), name="group-commit")
+        if self._journal is not None:
+            self._applied_lsn = self._journal.end_lsn
         if self._readiness is None:
             return
         self._checkpointer = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-checkpoint")
@@ -347,6 +355,8 @@ class GroupCommitter(Generic[BatchT]):
             self._readiness.refused(shared)
         if self._on_cycle is not None:
             self._on_cycle(len(batches), [result.seconds])
+        if result.end_lsn is not None:
+            self._applied_lsn = result.end_lsn
         for (partition, _), error in zip(batches, result.errors, strict=True):
             # Released first: a batch whose journal record is durable is answered even
             # if its partition's files then failed (the partition stops and repairs
@@ -386,7 +396,9 @@ class GroupCommitter(Generic[BatchT]):
         record below it has been applied to the partition files)."""
         if self._checkpointer is None or self._local is None or self._journal is None:
             return
-        lsn = self._journal.end_lsn
+        # Not the journal's end: the cycle in the commit thread may have journaled a
+        # record whose partition files are not written yet.
+        lsn = self._applied_lsn
         written, self._unsynced = self._unsynced, set()
         self._journal_bytes_at_checkpoint = self._journal.bytes_written
         started = time.monotonic()

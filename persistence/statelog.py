@@ -507,6 +507,7 @@ class StateLog:
                 log.fail(exc)
             return CycleResult([exc] * len(batches), exc, time.perf_counter() - started)
         seconds = time.perf_counter() - started
+        end_lsn = self.journal.end_lsn
         for index, (log, (_, batch)) in enumerate(zip(logs, batches, strict=True)):
             if errors[index] is not None:
                 continue
@@ -514,7 +515,7 @@ class StateLog:
                 log.apply_batch(batch)
             except BaseException as exc:  # reported per partition, never lost
                 errors[index] = exc
-        return CycleResult(errors, None, seconds)
+        return CycleResult(errors, None, seconds, end_lsn)
 
     def close(self) -> None:
         """Close every partition and release DATA/LOCK. Writable: a last checkpoint

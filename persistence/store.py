@@ -49,11 +49,15 @@ class CycleResult:
     shared (``shared``, the same object for each), a partition whose epoch moved
     (``NotLeaderError``: this node no longer leads it), or the partition's own failure
     after a durable flush (the local store's files: the batch is durable all the same,
-    and ``durable_end_offset`` says so). ``seconds``: how long the flush took."""
+    and ``durable_end_offset`` says so). ``seconds``: how long the flush took.
+    ``end_lsn``: where the local store's journal ended after this cycle's record (None
+    from another store, or when the record failed): a checkpoint may count every
+    record below it as written to the partitions' files."""
 
     errors: list[BaseException | None]
     shared: BaseException | None
     seconds: float
+    end_lsn: int | None = None
 
 
 class PartitionStore(Protocol[BatchT_co]):

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import pathlib
 import queue
 import random
+import shutil
 import threading
 
 import pytest
@@ -28,6 +30,7 @@ from persistence import (
     verify,
 )
 from persistence.journal import list_journal_segments, read_checkpoint, scan_journal
+from tests.harness.wait import wait_until
 from tests.persistence.log_helpers import (
     FRAME_SIZE,
     append_records,
@@ -562,3 +565,53 @@ async def test_nothing_unacknowledged_is_ever_reported_durable(data_dir: str) ->
             read_back, data_dir, p, num_partitions=3, segment_bytes=8 * FRAME_SIZE
         )
         assert on_disk == acknowledged[p]
+
+
+class _HeldWrites(FaultInjectingFileOps):
+    """Holds every write to one partition's files until released (the journal's writes
+    and all fdatasyncs go on)."""
+
+    def __init__(self, held: str) -> None:
+        super().__init__()
+        self.held, self.reached, self.release = held, threading.Event(), threading.Event()
+
+    def write(self, fd: int, data: bytes | memoryview) -> int:
+        if self.held in self.path_of(fd):
+            self.reached.set()
+            assert self.release.wait(60), "the test never released the write"
+        return super().write(fd, data)
+
+
+async def test_a_checkpoint_never_counts_a_record_its_partition_files_do_not_have_yet(
+    data_dir: str, tmp_path: pathlib.Path
+) -> None:
+    """A timed checkpoint taken while a cycle's partition writes are still running
+    counts only the cycles whose files are written: the record in flight stays in the
+    journal for recovery. A copy of the directory taken then (a crash) recovers it."""
+    fs = _HeldWrites(f"partitions{os.sep}0{os.sep}")
+    log = await opened(data_dir, fs, num_partitions=2)
+    committer = GroupCommitter(log, checkpoint_interval_ms=20)
+    committer.start()
+    try:
+        (earlier,) = append_records(log.partition(1), 1)
+        await committer.wait_durable(1, earlier.offset)  # a partition for it to sync
+        assert log.journal is not None
+        before = log.journal.end_lsn
+        checkpoints = committer.checkpoints
+        (held,) = append_records(log.partition(0), 1)
+        held_durable = committer.wait_durable(0, held.offset)
+        assert await asyncio.to_thread(fs.reached.wait, 60)  # journaled, its file held
+        assert log.journal.end_lsn > before
+        await wait_until(
+            lambda: committer.checkpoints > checkpoints, "a checkpoint while 0's write is held"
+        )
+        assert log.checkpoint.partitions[0].lsn <= before
+        crashed = tmp_path / "crashed"
+        await asyncio.to_thread(shutil.copytree, data_dir, crashed)
+    finally:
+        fs.release.set()
+    await held_durable
+    await committer.close()
+    await asyncio.to_thread(log.close)
+    recovered = await asyncio.to_thread(read_back, str(crashed), 0, num_partitions=2)
+    assert [r.offset for r in recovered] == [held.offset]
