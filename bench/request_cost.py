@@ -2,7 +2,7 @@
 
     python -m bench.request_cost [--kafka | --http] [--base REF] [--a DIR] [--b DIR]
                                  [--requests N] [--rounds R] [--concurrency C]
-                                 [--out FILE]
+                                 [--latency SHARE [--seconds S]] [--out FILE]
 
 A is the commit REF of this repository (default ``main``, exported with ``git archive``)
 or the checkout DIR; B is this checkout, or DIR. Both daemons run at once, each pinned
@@ -16,6 +16,11 @@ connections for as long as N requests take at A's first rate, divided by the req
 wrk counted). Each side's requests/s is shown too, but the figure is the CPU time: it
 holds when the machine's speed drifts less than rates do, and reading A and B
 alternately in one run cancels most of the drift that is left.
+
+With ``--latency SHARE`` it measures latency at a fixed load instead: A's closed-loop
+maximum first (C connections, S seconds), then, in the same alternating order,
+bench/open_loop.py at SHARE of that rate against each side for S seconds: p50, p99 and
+p99.9 from each request's scheduled time, both sides at the same offered rate.
 
 Prints one line per measurement and a summary (each side's median, B/A), and writes
 them as JSON to FILE when given.
@@ -33,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -41,6 +47,7 @@ from typing import Any
 from bench.__main__ import WRITE, _wait_ready
 from bench.kafka_load import run_kafka_load, write_frames
 from bench.loadgen import LoadResult, run_wrk
+from bench.open_loop import OpenLoopResult, run_open_loop
 from bench.system import cpu_seconds, free_port, pinned, running, server_cpus
 from bench.workload import build_body_files, initialize_all, write_bodies
 
@@ -56,6 +63,7 @@ class Measurement:
     cpu_s: float
     requests_per_s: float
     p99_ms: float
+    cycles: int = 0  # group commit cycles meanwhile (sharecoord_group_commit_partitions)
 
     @property
     def us_per_request(self) -> float:
@@ -63,6 +71,17 @@ class Measurement:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "us_per_request": self.us_per_request}
+
+
+def commit_cycles(base: str) -> int:
+    """The daemon's group commit cycles so far, from its metrics."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("sharecoord_group_commit_partitions_count")
+    )
 
 
 @dataclass
@@ -146,25 +165,74 @@ def measure(
                 if not kafka and seconds == 0.0:
                     probe = _load(d, kafka, frames, bodies, warm, concurrency, WARMUP_S)
                     seconds = max(1.0, requests / probe.requests_per_s)
+                cycles = commit_cycles(d.http)
                 before = cpu_seconds([d.pid])
                 result = _load(d, kafka, frames, bodies, requests, concurrency, seconds)
                 used = cpu_seconds([d.pid]) - before
+                cycles = commit_cycles(d.http) - cycles
                 if result.errors or result.non_2xx:
                     raise SystemExit(
                         f"{side}: {result.errors} errors, {result.non_2xx} non-2xx answers; "
                         f"see the daemon's log"
                     )
                 row = Measurement(
-                    side, index, result.requests, used, result.requests_per_s, result.p99_ms
-                )
+                    side, index, result.requests, used, result.requests_per_s, result.p99_ms,
+                    cycles,
+                )  # fmt: skip
                 out.append(row)
                 print(
                     f"round {index} {side}: {row.requests} requests, "
                     f"{row.us_per_request:.1f} us CPU/request, "
-                    f"{row.requests_per_s:,.0f} req/s, p99 {row.p99_ms:.2f} ms",
+                    f"{row.requests_per_s:,.0f} req/s, p99 {row.p99_ms:.2f} ms, "
+                    f"{row.requests / max(row.cycles, 1):.1f} requests per commit cycle",
                     flush=True,
                 )
     return out
+
+
+def measure_latency(
+    a: Path, b: Path, *, kafka: bool, share: float, seconds: float, rounds: int,
+    concurrency: int,
+) -> tuple[float, list[tuple[str, int, OpenLoopResult]]]:  # fmt: skip
+    """A's maximum, then open-loop rows at ``share`` of it, A and B alternately."""
+    out: list[tuple[str, int, OpenLoopResult]] = []
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sharecoord-cost-")))
+        frames = write_frames(write_bodies(random.Random(1313), 20_000, 1), work / "w.kafka")
+        bodies = build_body_files(work / "bodies")["write"]
+        daemons = {
+            "A": stack.enter_context(daemon("A", a, work)),
+            "B": stack.enter_context(daemon("B", b, work)),
+        }
+        first = daemons["A"]
+        if kafka:
+            top = run_kafka_load(
+                "max A", first.kafka_port, frames, concurrency=concurrency,
+                duration_s=seconds, server_pid=first.pid,
+            )  # fmt: skip
+        else:
+            top = run_wrk(
+                "max A", first.http + WRITE, bodies, concurrency=concurrency,
+                duration_s=seconds, server_pid=first.pid,
+            )  # fmt: skip
+        rate = share * top.requests_per_s
+        print(f"A's maximum: {top.requests_per_s:,.0f} req/s; offered: {rate:,.0f} req/s")
+        for index in range(rounds):
+            for side in ("A", "B") if index % 2 == 0 else ("B", "A"):
+                d = daemons[side]
+                row = run_open_loop(
+                    side, "kafka" if kafka else "http", d.kafka_port if kafka else
+                    int(d.http.rsplit(":", 1)[1]), frames if kafka else bodies,
+                    rate=rate, duration_s=seconds, load_share=share,
+                )  # fmt: skip
+                out.append((side, index, row))
+                print(
+                    f"round {index} {side}: p50 {row.p50_ms:.2f} ms, p99 {row.p99_ms:.2f} ms, "
+                    f"p99.9 {row.p999_ms:.2f} ms, {row.answered_per_s:,.0f} answered/s, "
+                    f"{row.errors} errors",
+                    flush=True,
+                )
+        return top.requests_per_s, out
 
 
 def summary(rows: list[Measurement]) -> dict[str, Any]:
@@ -194,12 +262,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--latency", type=float, help="open loop at this share of A's maximum")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per --latency run")
     parser.add_argument("--out", type=Path, help="write the measurements here (JSON)")
     args = parser.parse_args(argv)
     if args.requests < 1 or args.rounds < 1 or args.concurrency < 1:
         parser.error("--requests, --rounds and --concurrency must be at least 1")
+    if args.latency is not None and not 0 < args.latency <= 1:
+        parser.error("--latency: a share of the maximum, above 0 and at most 1")
     kafka = not args.http
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    if args.latency is not None:
+        return _latency_main(args, kafka, started)
     with contextlib.ExitStack() as stack:
         a = args.a.resolve() if args.a else stack.enter_context(exported(args.base))
         protocol = "kafka" if kafka else "http"
@@ -230,6 +304,42 @@ def main(argv: list[str] | None = None) -> int:
                     "requests": args.requests,
                     "concurrency": args.concurrency,
                     "rows": [r.as_dict() for r in rows],
+                    "summary": found,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0
+
+
+def _latency_main(args: argparse.Namespace, kafka: bool, started: str) -> int:
+    with contextlib.ExitStack() as stack:
+        a = args.a.resolve() if args.a else stack.enter_context(exported(args.base))
+        top, rows = measure_latency(
+            a, args.b.resolve(), kafka=kafka, share=args.latency, seconds=args.seconds,
+            rounds=args.rounds, concurrency=args.concurrency,
+        )  # fmt: skip
+    found: dict[str, Any] = {"a_max_per_s": top}
+    for side in ("A", "B"):
+        mine = [row for s, _, row in rows if s == side]
+        for field in ("p50_ms", "p99_ms", "p999_ms"):
+            found[f"{side.lower()}_{field}"] = statistics.median(getattr(r, field) for r in mine)
+    print(
+        f"median over {args.rounds} rounds at {args.latency:.0%} of {top:,.0f} req/s: "
+        f"A p50 {found['a_p50_ms']:.2f} p99 {found['a_p99_ms']:.2f} ms; "
+        f"B p50 {found['b_p50_ms']:.2f} p99 {found['b_p99_ms']:.2f} ms"
+    )
+    if args.out is not None:
+        args.out.write_text(
+            json.dumps(
+                {
+                    "started": started,
+                    "a": str(args.a or args.base),
+                    "b": str(args.b),
+                    "protocol": "kafka" if kafka else "http",
+                    "share": args.latency,
+                    "rows": [{"side": s, "round": i, **r.as_dict()} for s, i, r in rows],
                     "summary": found,
                 },
                 indent=2,
