@@ -120,9 +120,14 @@ class EntryCaller:
         todo = list(entries)
         attempts = 0
         timed_out = False
+        answered: dict[int, Outcome] = {}  # each entry's last outcome an answer gave
         while todo:
             attempts += 1
             await self._attempt(rpc, group_id, todo, entries, outcomes, deadline)
+            for i in todo:
+                outcome = outcomes[i]
+                if outcome is not None and not _unanswered(outcome):
+                    answered[i] = outcome
             retry = [i for i in todo if _retriable(outcomes[i])]
             if not retry:
                 break
@@ -144,6 +149,11 @@ class EntryCaller:
             self._stats.retries += len(retry)
             await asyncio.sleep(delay)
             todo = retry
+        # An attempt the deadline cut says less than the answer before it (say, 3: the
+        # topic is not in the catalog yet), so that one is the entry's outcome.
+        for i, outcome in enumerate(outcomes):
+            if outcome is not None and _unanswered(outcome) and i in answered:
+                outcomes[i] = answered[i]
         final = [o for o in outcomes if o is not None]
         assert len(final) == len(items)
         return Execution(final, attempts, timed_out)
@@ -192,6 +202,7 @@ class EntryCaller:
                     f"no answer from {entries[i].sent_to} within the deadline "
                     "(a write may or may not have been applied)",
                     True,
+                    unanswered=True,
                 )
             else:
                 outcomes[i] = future.result()  # raises what is final for the whole call
@@ -294,6 +305,10 @@ def _retriable(outcome: Outcome | None) -> bool:
     if isinstance(outcome, Failure):
         return outcome.retriable
     return outcome is not None and outcome.error_code in RETRIABLE_CODES
+
+
+def _unanswered(outcome: Outcome) -> bool:
+    return isinstance(outcome, Failure) and outcome.unanswered
 
 
 def _code(outcome: Outcome | None) -> int | None:

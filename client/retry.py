@@ -76,6 +76,8 @@ class Failure:
     message: str
     retriable: bool
     cause: BaseException | None = None
+    # The deadline cut the attempt: no answer came, which says less than an earlier one.
+    unanswered: bool = False
 
     def error(self) -> errors.ShareCoordinatorError:
         """The typed Kafka error to raise for this failure."""
@@ -86,7 +88,9 @@ class Failure:
 
 class DeadlineExceeded(TimeoutError):
     """A call did not succeed within its deadline; ``last_error`` is what the last
-    attempt ended with. A write that timed out may or may not have been applied."""
+    answered attempt ended with (the last attempt's own when none was answered, or
+    when it failed without the deadline cutting it). A write that timed out may or may
+    not have been applied."""
 
     def __init__(self, what: str, deadline_s: float, attempts: int, last_error: BaseException):
         self.deadline_s = deadline_s
@@ -139,6 +143,7 @@ async def call_with_retries(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + policy.deadline_s
     attempts = 0
+    answered: Failure | None = None  # the last failure an answer gave
     while True:
         attempts += 1
         remaining = deadline - loop.time()
@@ -146,16 +151,23 @@ async def call_with_retries(
             outcome = await asyncio.wait_for(attempt(remaining), max(remaining, 0.0))
         except asyncio.TimeoutError:
             outcome = Failure(
-                errors.COORDINATOR_NOT_AVAILABLE, "no answer within the deadline", True
+                errors.COORDINATOR_NOT_AVAILABLE,
+                "no answer within the deadline",
+                True,
+                unanswered=True,
             )
         if not isinstance(outcome, Failure):
             return outcome
+        if not outcome.unanswered:
+            answered = outcome
         if not outcome.retriable or (
             policy.max_retries is not None and attempts > policy.max_retries
         ):
             raise outcome.error()
         delay = backoff_delay(attempts - 1, policy, rng)
         if loop.time() + delay >= deadline:
-            last = outcome.error()
+            # An attempt the deadline cut says less than the answer before it (say, 3:
+            # the topic is not in the catalog yet), so that one is the error told.
+            last = (answered if outcome.unanswered and answered else outcome).error()
             raise DeadlineExceeded(what, policy.deadline_s, attempts, last) from last
         await asyncio.sleep(delay)

@@ -10,7 +10,14 @@ import aiohttp
 import pytest
 
 from client import RetryPolicy, backoff_delay
-from client.retry import RETRIABLE_CODES, is_retriable_exception
+from client.retry import (
+    RETRIABLE_CODES,
+    DeadlineExceeded,
+    Failure,
+    call_with_retries,
+    is_retriable_exception,
+)
+from protocol import errors
 
 POLICY = RetryPolicy(backoff_s=0.05, backoff_max_s=2.0)
 
@@ -98,3 +105,24 @@ def test_transport_failures_are_retriable(exc):
 )
 def test_tls_failures_and_bugs_are_not_retriable(exc):
     assert not is_retriable_exception(exc)
+
+
+async def test_an_attempt_the_deadline_cuts_tells_the_answer_before_it():
+    """A call answered 3 (retriable: the topic may just be late), whose next attempt the
+    deadline cuts short, ends with the 3, not with "no answer": the answer says why."""
+    answer = Failure(errors.UNKNOWN_TOPIC_OR_PARTITION, "not in the topic catalog", True)
+    calls = 0
+
+    async def attempt(_: float) -> Failure:
+        nonlocal calls
+        calls += 1
+        if calls > 1:
+            await asyncio.Event().wait()  # no answer: the deadline cuts it
+        return answer
+
+    policy = RetryPolicy(deadline_s=0.2, backoff_s=0.0, backoff_max_s=0.0)
+    with pytest.raises(DeadlineExceeded) as raised:
+        await call_with_retries("a call", attempt, policy, random.Random(1))
+    assert calls == 2
+    assert isinstance(raised.value.last_error, errors.UnknownTopicOrPartition)
+    assert "not in the topic catalog" in str(raised.value)
