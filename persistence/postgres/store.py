@@ -330,11 +330,11 @@ class PostgresStore:
         """BEGIN, and lock the leaders rows of `partitions` FOR SHARE, in one round trip
         (a statement without parameters goes as a simple query, which may hold two):
         each partition's (node, epoch)."""
-        cur = conn.cursor()
         listed = sql.SQL(", ").join(sql.Literal(int(p)) for p in partitions)
-        cur.execute(_begin_locking(self.tables).format(partitions=listed))
-        cur.nextset()  # past BEGIN's result
-        return {int(p): (node, int(epoch)) for p, node, epoch in cur.fetchall()}
+        with conn.cursor() as cur:
+            cur.execute(_begin_locking(self.tables).format(partitions=listed))
+            cur.nextset()  # past BEGIN's result
+            return {int(p): (node, int(epoch)) for p, node, epoch in cur.fetchall()}
 
     def _commit_connection(self) -> psycopg.Connection[Any]:
         conn = self._commit_conn
