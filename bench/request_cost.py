@@ -127,6 +127,21 @@ def daemon(side: str, repo: Path, work: Path) -> Iterator[_Daemon]:
         yield _Daemon(side, proc.pid, base, kafka_port)
 
 
+@contextlib.contextmanager
+def both(a: Path, b: Path) -> Iterator[tuple[Path, Path, dict[str, _Daemon]]]:
+    """The single-write loads (Kafka frames, HTTP bodies) and a daemon from each of
+    ``a`` and ``b``, running side by side."""
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sharecoord-cost-")))
+        frames = write_frames(write_bodies(random.Random(1313), 20_000, 1), work / "w.kafka")
+        bodies = build_body_files(work / "bodies")["write"]
+        daemons = {
+            "A": stack.enter_context(daemon("A", a, work)),
+            "B": stack.enter_context(daemon("B", b, work)),
+        }
+        yield frames, bodies, daemons
+
+
 def _load(
     d: _Daemon, kafka: bool, frames: Path, bodies: Path, requests: int, concurrency: int,
     seconds: float,
@@ -146,15 +161,7 @@ def measure(
     a: Path, b: Path, *, kafka: bool, requests: int, rounds: int, concurrency: int
 ) -> list[Measurement]:
     out: list[Measurement] = []
-    with contextlib.ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sharecoord-cost-")))
-        rng = random.Random(1313)
-        frames = write_frames(write_bodies(rng, 20_000, 1), work / "w.kafka")
-        bodies = build_body_files(work / "bodies")["write"]
-        daemons = {
-            "A": stack.enter_context(daemon("A", a, work)),
-            "B": stack.enter_context(daemon("B", b, work)),
-        }
+    with both(a, b) as (frames, bodies, daemons):
         # HTTP runs for a time (wrk): as long as `requests` take at A's first rate.
         seconds = 0.0
         for index in range(rounds):
@@ -196,14 +203,7 @@ def measure_latency(
 ) -> tuple[float, list[tuple[str, int, OpenLoopResult]]]:  # fmt: skip
     """A's maximum, then open-loop rows at ``share`` of it, A and B alternately."""
     out: list[tuple[str, int, OpenLoopResult]] = []
-    with contextlib.ExitStack() as stack:
-        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sharecoord-cost-")))
-        frames = write_frames(write_bodies(random.Random(1313), 20_000, 1), work / "w.kafka")
-        bodies = build_body_files(work / "bodies")["write"]
-        daemons = {
-            "A": stack.enter_context(daemon("A", a, work)),
-            "B": stack.enter_context(daemon("B", b, work)),
-        }
+    with both(a, b) as (frames, bodies, daemons):
         first = daemons["A"]
         if kafka:
             top = run_kafka_load(
@@ -293,24 +293,29 @@ def main(argv: list[str] | None = None) -> int:
         f"median rate: A {found['a_requests_per_s']:,.0f}, B {found['b_requests_per_s']:,.0f} "
         f"req/s, B/A {found['b_over_a_rate']:.3f}"
     )
-    if args.out is not None:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "started": started,
-                    "a": str(args.a or args.base),
-                    "b": str(args.b),
-                    "protocol": "kafka" if kafka else "http",
-                    "requests": args.requests,
-                    "concurrency": args.concurrency,
-                    "rows": [r.as_dict() for r in rows],
-                    "summary": found,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+    _write_out(
+        args, kafka, started, found, requests=args.requests, concurrency=args.concurrency,
+        rows=[r.as_dict() for r in rows],
+    )  # fmt: skip
     return 0
+
+
+def _write_out(
+    args: argparse.Namespace, kafka: bool, started: str, found: dict[str, Any], **fields: Any
+) -> None:
+    """The run as JSON into ``--out``, if given: what was compared, ``fields``, the
+    summary."""
+    if args.out is None:
+        return
+    written = {
+        "started": started,
+        "a": str(args.a or args.base),
+        "b": str(args.b),
+        "protocol": "kafka" if kafka else "http",
+        **fields,
+        "summary": found,
+    }
+    args.out.write_text(json.dumps(written, indent=2) + "\n")
 
 
 def _latency_main(args: argparse.Namespace, kafka: bool, started: str) -> int:
@@ -330,22 +335,10 @@ def _latency_main(args: argparse.Namespace, kafka: bool, started: str) -> int:
         f"A p50 {found['a_p50_ms']:.2f} p99 {found['a_p99_ms']:.2f} ms; "
         f"B p50 {found['b_p50_ms']:.2f} p99 {found['b_p99_ms']:.2f} ms"
     )
-    if args.out is not None:
-        args.out.write_text(
-            json.dumps(
-                {
-                    "started": started,
-                    "a": str(args.a or args.base),
-                    "b": str(args.b),
-                    "protocol": "kafka" if kafka else "http",
-                    "share": args.latency,
-                    "rows": [{"side": s, "round": i, **r.as_dict()} for s, i, r in rows],
-                    "summary": found,
-                },
-                indent=2,
-            )
-            + "\n"
-        )
+    _write_out(
+        args, kafka, started, found, share=args.latency,
+        rows=[{"side": s, "round": i, **r.as_dict()} for s, i, r in rows],
+    )  # fmt: skip
     return 0
 
 
