@@ -20,10 +20,19 @@ the replay's own merge, without the record, state and tuple objects a replay bui
 every update. The result is, field for field and in the same key order, the
 ``ShareStateMap`` a replay of every record gives (tests/protocol/test_loading.py holds the
 two equal over random logs).
+
+The daemon loads lazily (``finish(lazy=True)``): a key whose tail holds updates is
+checked and fenced at once, but its merges wait. Its state is a ``LazyKeyState``, which
+folds the tail the first time anyone reads its ``state`` or ``batches_clean`` and then
+becomes a plain ``KeyState``; the merges are about two thirds of a load, and a partition
+serves as soon as the light pass is done, folding the rest in the background
+(``PartitionRuntime``). Nothing can read a lazy key's unfolded state: every reader goes
+through the two fields, and the fold is the one ``finish`` would have run.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from typing import Any
 
@@ -38,6 +47,12 @@ from protocol.records import (
     decode_update_value,
 )
 from protocol.replay import KeyState, ShareGroupOffset, snapshot_fences, update_leader_fence
+
+# A lazy key whose tail holds more records than this is folded off the event loop when a
+# request first touches it (``PartitionRuntime.is_long``) or by the background fold: a
+# merge costs a few microseconds, so this many keep an inline fold well inside the
+# service's slice of the loop.
+INLINE_FOLD_RECORDS = 64
 
 # (offset, timestamp, record_type, key, value): one log frame's fields, value None for a
 # tombstone. A plain tuple: a loader holds a partition's worth of them.
@@ -143,12 +158,13 @@ class StateLoader:
         self._by_bytes[key] = entry
         return entry
 
-    def finish(self) -> tuple[list[tuple[ShareKey, KeyState]], int | None]:
+    def finish(self, lazy: bool = False) -> tuple[list[tuple[ShareKey, KeyState]], int | None]:
         """Each live key's state, in the replay's order, and the map's tombstone offset
-        (``ShareStateMap.loaded`` takes both)."""
-        return [
-            (key, _fold_tail(entry)) for key, entry in self._live.items()
-        ], self._tombstone_offset
+        (``ShareStateMap.loaded`` takes both). ``lazy``: a key with updates since its
+        snapshot comes as a ``LazyKeyState``, its records checked and its fences worked
+        out now, its merges left for its first reader."""
+        fold = _lazy_state if lazy else _fold_tail
+        return [(key, fold(entry)) for key, entry in self._live.items()], self._tombstone_offset
 
 
 def _decoded(record: RawRecord) -> Any:
@@ -193,18 +209,78 @@ def _fold_tail(entry: _Key) -> KeyState:
     each update as ``ShareStateMap._replay_update`` applies it."""
     tail = entry.tail
     assert tail is not None
-    first = tail[0]
-    head = _decoded(first)
-    snapshot_offset: int | None
+    head = _decoded(tail[0])
+    leader_fence, state_fence, snapshot_offset = _head_fences(entry, tail[0], head)
+    state, clean, leader_fence = _fold(tail, head, leader_fence)
+    return KeyState(
+        state,
+        leader_fence,
+        state_fence,
+        tail[0][3],
+        clean,
+        entry.update_count,
+        snapshot_offset,
+    )
+
+
+def _head_fences(entry: _Key, first: RawRecord, head: Any) -> tuple[int, int | None, int | None]:
+    """(leader fence, state fence, snapshot offset) once the tail's first record is
+    replayed."""
     if first[2] == SNAPSHOT_RECORD_TYPE:
         leader_fence, state_fence = snapshot_fences(entry.leader_fence, entry.state_fence, head)
+        return leader_fence, state_fence, first[0]
+    # Created by an update: no state epoch fence, no snapshot.
+    return update_leader_fence(None, head.leader_epoch), None, None
+
+
+def _lazy_state(entry: _Key) -> KeyState:
+    """``_fold_tail``'s KeyState but for the merges: every record of the tail decoded and
+    checked now (a load refuses what it refused before), the fences worked out from
+    them, the state folded by its first reader. A tail of one record, or one with a
+    batch whose first offset is above its last (which only a hand-made log holds, and
+    whose merge may fail), is folded at once."""
+    tail = entry.tail
+    assert tail is not None
+    if len(tail) == 1:
+        return _fold_tail(entry)
+    head = _decoded(tail[0])
+    if _inverted(head.state_batches):
+        return _fold_tail(entry)
+    leader_fence, state_fence, snapshot_offset = _head_fences(entry, tail[0], head)
+    for record in tail[1:]:
+        value = _decoded(record)
+        flat = value.state_batches
+        # What nearly every update holds, one batch, without a call.
+        if flat[0] > flat[1] if len(flat) == 4 else _inverted(flat):
+            return _fold_tail(entry)
+        if value.leader_epoch > leader_fence:  # noqa: PLR1730 (a call per record costs)
+            leader_fence = value.leader_epoch
+    return LazyKeyState(
+        tail,  # type: ignore[arg-type]  # the state slot holds the tail until the fold
+        leader_fence,
+        state_fence,
+        tail[0][3],
+        None,
+        entry.update_count,
+        snapshot_offset,
+    )
+
+
+def _inverted(flat: list[int]) -> bool:
+    return any(first > last for first, last in zip(flat[0::4], flat[1::4], strict=True))
+
+
+def _fold(
+    tail: list[RawRecord], head: Any, leader_fence: int
+) -> tuple[ShareGroupOffset, bool | None, int]:
+    """The state the tail folds to (``head``: its first record decoded), whether its
+    batches are clean (None: unknown), and ``leader_fence`` raised by the updates."""
+    first = tail[0]
+    if first[2] == SNAPSHOT_RECORD_TYPE:
         state_epoch = head.state_epoch
         create_timestamp, write_timestamp = head.create_timestamp, head.write_timestamp
-        snapshot_offset = first[0]
-    else:  # created by an update: no state epoch fence, no snapshot
-        leader_fence, state_fence = update_leader_fence(None, head.leader_epoch), None
+    else:
         state_epoch = create_timestamp = write_timestamp = 0
-        snapshot_offset = None
     leader_epoch, start_offset = head.leader_epoch, head.start_offset
     delivery_complete_count = head.delivery_complete_count
     batches: list[StateBatch] = _batches(head.state_batches)
@@ -232,12 +308,73 @@ def _fold_tail(entry: _Key) -> KeyState:
         tuple(batches),
         delivery_complete_count,
     )
-    return KeyState(
-        state,
-        leader_fence,
-        state_fence,
-        first[3],
-        clean,
-        entry.update_count,
-        snapshot_offset,
-    )
+    return state, clean, leader_fence
+
+
+class LazyKeyState(KeyState, gc=False):
+    """A loaded key's ``KeyState`` whose ``state`` (and ``batches_clean``) are not folded
+    yet: its ``state`` field holds the tail. Reading either folds the tail, and the
+    object becomes a plain ``KeyState`` (same fields, same layout), so a key costs its
+    readers nothing once folded. Setting ``state`` replaces the tail unread, as a
+    snapshot replays. Any thread may fold: the first fold to finish is kept, and a fold
+    that finishes after the state has moved on is dropped (``_fold_now``)."""
+
+
+def unfolded_records(entry: KeyState) -> int:
+    """How many records folding ``entry`` goes through: 0 for a folded one."""
+    if entry.__class__ is not LazyKeyState:
+        return 0
+    raw = _STATE_SLOT.__get__(entry, KeyState)
+    return len(raw) if type(raw) is list else 0
+
+
+def fold(entry: KeyState) -> None:
+    """Fold ``entry`` now if it is not yet."""
+    if entry.__class__ is LazyKeyState:
+        _fold_now(entry)
+
+
+# The fields' own slots, which LazyKeyState's properties below shadow.
+_STATE_SLOT: Any = KeyState.__dict__["state"]
+_CLEAN_SLOT: Any = KeyState.__dict__["batches_clean"]
+# Held only to put a fold in place: a fold of the same key on two threads (a request
+# offloaded to its own thread, and another one reading on the loop) keeps one.
+_FOLD_LOCK = threading.Lock()
+
+
+def _fold_now(entry: KeyState) -> ShareGroupOffset:
+    raw = _STATE_SLOT.__get__(entry, KeyState)
+    if type(raw) is list:
+        head = _decoded(raw[0])
+        state, clean, _ = _fold(raw, head, entry.leader_fence)
+        with _FOLD_LOCK:
+            if _STATE_SLOT.__get__(entry, KeyState) is raw:
+                _CLEAN_SLOT.__set__(entry, clean)
+                _STATE_SLOT.__set__(entry, state)
+                entry.__class__ = KeyState
+        raw = _STATE_SLOT.__get__(entry, KeyState)
+    state_now: ShareGroupOffset = raw
+    return state_now
+
+
+def _set_state(entry: KeyState, state: ShareGroupOffset) -> None:
+    with _FOLD_LOCK:
+        _STATE_SLOT.__set__(entry, state)
+        _CLEAN_SLOT.__set__(entry, None)
+        entry.__class__ = KeyState
+
+
+def _folded_clean(entry: KeyState) -> bool | None:
+    _fold_now(entry)
+    clean: bool | None = _CLEAN_SLOT.__get__(entry, KeyState)
+    return clean
+
+
+def _set_clean(entry: KeyState, clean: bool | None) -> None:
+    _fold_now(entry)
+    _CLEAN_SLOT.__set__(entry, clean)
+
+
+# After the class statement: a property in its body would read to msgspec as a default.
+setattr(LazyKeyState, "state", property(_fold_now, _set_state))  # noqa: B010
+setattr(LazyKeyState, "batches_clean", property(_folded_clean, _set_clean))  # noqa: B010

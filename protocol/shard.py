@@ -24,6 +24,7 @@ from typing import Protocol
 
 from protocol import errors
 from protocol.batches import StateBatch, is_clean, merge_batches, prune_batches
+from protocol.loading import LazyKeyState
 from protocol.messages import (
     AdminState,
     DeletePartition,
@@ -144,6 +145,10 @@ class ShareCoordinatorShard:
 
     def key_state(self, key: ShareKey) -> KeyState | None:
         return self._keys.get(key)
+
+    def unfolded(self) -> list[KeyState]:
+        """The keys a lazy load left unfolded (protocol/loading.py), in the map's order."""
+        return [state for state in self._keys.values() if state.__class__ is LazyKeyState]
 
     def group_ids(self) -> set[str]:
         return {key.group_id for key in self._keys}

@@ -214,6 +214,11 @@ class PeriodicJobs:
         touched = []
         for state_partition, runtime in self._service.runtimes.items():
             if runtime.status is Status.ACTIVE:
+                # It reads every key's state: after the background fold of a lazy load,
+                # which would otherwise fold them all at once, here on the loop.
+                await runtime.wait_folded()
+                if runtime.status is not Status.ACTIVE:
+                    continue
                 try:
                     count = await run_job(runtime, ShareCoordinatorShard.cold_snapshots)
                 except PartitionFailedError:

@@ -146,6 +146,13 @@ class ShareCoordinatorMetrics:
             ("partition",),
             kind="gauge",
         )
+        self.keys_unfolded = self._function(
+            "sharecoord_keys_unfolded",
+            "Keys a load left for the background fold to merge, by state partition: 0 "
+            "once the partition's state is all in its final form.",
+            ("partition",),
+            kind="gauge",
+        )
         self.partition_status = self._function(
             "sharecoord_partition_status",
             "1 for the state partition's current status (loading, active, failed), 0 for "
@@ -295,6 +302,7 @@ class ShareCoordinatorMetrics:
         *,
         status: Callable[[], str],
         keys: Callable[[], float],
+        keys_unfolded: Callable[[], float],
         log_start_offset: Callable[[], float],
         log_end_offset: Callable[[], float],
         segments: Callable[[], float],
@@ -304,6 +312,7 @@ class ShareCoordinatorMetrics:
         for name in PARTITION_STATUSES:
             self.partition_status.labels(partition, name).set_function(_is(status, name))
         self.keys.labels(partition).set_function(keys)
+        self.keys_unfolded.labels(partition).set_function(keys_unfolded)
         self.log_start_offset.labels(partition).set_function(log_start_offset)
         self.log_end_offset.labels(partition).set_function(log_end_offset)
         self.log_segments.labels(partition).set_function(segments)
@@ -327,6 +336,7 @@ class ShareCoordinatorMetrics:
             self.partition_status.remove(partition, name)
         for family in (
             self.keys,
+            self.keys_unfolded,
             self.log_start_offset,
             self.log_end_offset,
             self.log_segments,

@@ -97,6 +97,9 @@ class Node:
         self.fs = fs
         self.metrics = ShareCoordinatorMetrics()
         self.offload = Offload()
+        # The background folds of lazily loaded partitions (PartitionRuntime._fold_loaded)
+        # take turns: one holds the loop, or the offload thread, at a time.
+        self.fold_gate = asyncio.Lock()
         # The request limits both transports decode with.
         self.limits = codec.Limits(
             max_entries_per_request=config.max_entries_per_request,
@@ -235,6 +238,7 @@ class Node:
                 room=store.room,
                 before_serving=committer.prepared,
                 offload=self.offload,
+                fold_gate=self.fold_gate,
             )
             _track(metrics, runtime)
             return runtime
@@ -397,6 +401,7 @@ def _track(metrics: ShareCoordinatorMetrics, runtime: PartitionRuntime) -> None:
         runtime.partition,
         status=lambda: runtime.status.value,
         keys=lambda: len(runtime.shard),
+        keys_unfolded=lambda: runtime.keys_unfolded,
         log_start_offset=lambda: log.log_start_offset,
         log_end_offset=lambda: log.log_end_offset,
         segments=lambda: len(log.segments),

@@ -36,6 +36,7 @@ import asyncio
 import collections
 import contextlib
 import enum
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -47,7 +48,15 @@ from persistence.frame import HEADER_SIZE, VALUE_LENGTH
 from persistence.room import RoomWatch
 from persistence.store import PartitionStore, open_in_runs
 from protocol.batches import StateBatch
-from protocol.loading import LoadDecodeError, RawRecord, StateLoader
+from protocol.loading import (
+    INLINE_FOLD_RECORDS,
+    LazyKeyState,
+    LoadDecodeError,
+    RawRecord,
+    StateLoader,
+    fold,
+    unfolded_records,
+)
 from protocol.messages import AnyPartitionResult, Rpc
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
@@ -62,6 +71,7 @@ from protocol.records import (
     encode_update_value,
     encode_value,
 )
+from protocol.replay import KeyState
 from protocol.shard import ShardConfig, ShareCoordinatorShard, TopicMetadata
 from server.metrics import ShareCoordinatorMetrics
 
@@ -83,6 +93,8 @@ READS_SERVED_UNTIL_THE_DISK_WORKS = "reads are served, writes answer 15 until th
 OFFLOAD_BATCHES = 256
 
 UNSYNCED_SWEEP_MIN = 1024
+# The background fold of a lazily loaded partition holds the loop this long at a time.
+FOLD_SLICE_S = 0.002
 
 T = TypeVar("T")
 Offload = Callable[[Callable[[], T]], Awaitable[T]]
@@ -120,6 +132,7 @@ class PartitionRuntime:
         room: RoomWatch | None = None,
         before_serving: Callable[[], Awaitable[None]] | None = None,
         offload: Offload[Any] | None = None,
+        fold_gate: asyncio.Lock | None = None,
     ) -> None:
         self.partition = partition
         # Where long operations run (the node's one offload thread).
@@ -166,6 +179,15 @@ class PartitionRuntime:
         self.load_seconds: float | None = None
         self._recovery: asyncio.Task[None] | None = None
         self._closing = False
+        # The lazily loaded keys the background fold has not reached yet
+        # (protocol/loading.py), and the fold itself; set when there is none.
+        self._to_fold: list[KeyState] = []
+        self.keys_unfolded = 0
+        self._folding: asyncio.Task[None] | None = None
+        self._folded = asyncio.Event()
+        self._folded.set()
+        # One background fold holds the loop (or the offload thread) at a time, node-wide.
+        self._fold_gate = fold_gate or asyncio.Lock()
 
     def _new_shard(self) -> ShareCoordinatorShard:
         return ShareCoordinatorShard(
@@ -231,6 +253,11 @@ class PartitionRuntime:
         if self._before_serving is not None:
             await self._before_serving()
         self._set_status(Status.ACTIVE)
+        if self._to_fold:
+            self._folded.clear()
+            self._folding = asyncio.get_running_loop().create_task(
+                self._fold_loaded(self.shard), name=f"fold-partition-{self.partition}"
+            )
         # One line per partition only when loading it took a noticeable while.
         _log.log(
             logging.INFO if self.load_seconds >= SLOW_LOAD_S else logging.DEBUG,
@@ -260,11 +287,59 @@ class PartitionRuntime:
 
         try:
             open_in_runs(self.log, load)
-            shard.loaded(*loader.finish())
+            # Lazily: the partition serves once the records are read and checked; the
+            # merges follow in the background (_fold_loaded), or at a key's first use.
+            shard.loaded(*loader.finish(lazy=True))
         except LoadDecodeError as exc:
             raise LoadError(f"state partition {self.partition}, {exc}; {_CHECK_THE_LOG}") from exc
+        self._to_fold = shard.unfolded()
+        self.keys_unfolded = len(self._to_fold)
         self.shard = shard
         self._unsynced = {}  # all of a freshly opened log is durable
+
+    async def _fold_loaded(self, shard: ShareCoordinatorShard) -> None:
+        """Fold every key the load left unfolded, a slice of the loop at a time (a key
+        with a long tail on the offload thread), behind whatever else asks for the loop,
+        until done or the shard is replaced (a reload replays in full)."""
+        pending, self._to_fold = self._to_fold, []
+        clock = time.perf_counter
+        started = clock()
+        at = 0
+        try:
+            while at < len(pending):
+                async with self._fold_gate:
+                    if self.shard is not shard or self._closing:
+                        return
+                    if unfolded_records(pending[at]) > INLINE_FOLD_RECORDS:
+                        await self._offload(functools.partial(fold, pending[at]))
+                        at += 1
+                    else:
+                        until = clock() + FOLD_SLICE_S
+                        while at < len(pending) and clock() < until:
+                            entry = pending[at]
+                            if unfolded_records(entry) > INLINE_FOLD_RECORDS:
+                                break
+                            fold(entry)
+                            at += 1
+                    self.keys_unfolded = len(pending) - at
+                await asyncio.sleep(0)  # a turn of the loop for everyone else
+            seconds = clock() - started
+            _log.log(
+                logging.INFO if seconds >= SLOW_LOAD_S else logging.DEBUG,
+                "state partition %d: %d keys folded in the background in %.3fs",
+                self.partition,
+                len(pending),
+                seconds,
+            )
+        finally:
+            self.keys_unfolded = 0
+            self._folding = None
+            self._folded.set()
+
+    async def wait_folded(self) -> None:
+        """Until no key of the shard waits for the background fold (at once if none):
+        what a job over every key awaits, so that it does not fold them on the loop."""
+        await self._folded.wait()
 
     def _unless_closing(self, replay: Callable[[LogRecord], None]) -> Callable[[LogRecord], None]:
         """``replay`` that gives up at the next record once ``close`` (or ``stop``) was
@@ -352,13 +427,20 @@ class PartitionRuntime:
         self._held = False
 
     def is_long(self, rpc: Rpc, key: ShareKey, entry: Any) -> bool:
-        """Whether ``execute`` would hold the loop too long for this entry."""
+        """Whether ``execute`` would hold the loop too long for this entry: a long write,
+        or any entry that would fold a long tail first (protocol/loading.py)."""
+        state = self.shard.key_state(key)
+        if (
+            state is not None
+            and state.__class__ is LazyKeyState
+            and unfolded_records(state) > INLINE_FOLD_RECORDS
+        ):
+            return True
         if rpc is not Rpc.WRITE:
             return False
         batches = len(entry.state_batches)
         if batches > OFFLOAD_BATCHES:
             return True
-        state = self.shard.key_state(key)
         return state is not None and batches + len(state.state.state_batches) > OFFLOAD_BATCHES
 
     async def execute_offloaded(self, rpc: Rpc, key: ShareKey, entry: Any) -> AnyPartitionResult:
@@ -383,8 +465,8 @@ class PartitionRuntime:
         failure = self.log.failure
         if self.shard is not shard or self.status is not Status.ACTIVE or failure is not None:
             raise PartitionFailedError(self.partition, failure)
-        if rpc is Rpc.WRITE:
-            self.shard_writes += 1
+        if rpc is Rpc.WRITE or (rpc is Rpc.READ and record is not None):
+            self.shard_writes += 1  # as execute counts them
         if record is not None:
             self._append(record, framed, merged)
         return result
@@ -553,11 +635,11 @@ class PartitionRuntime:
 
     async def close(self) -> None:
         self._closing = True
-        task = self._recovery
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._recovery, self._folding):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
 
 _Framed = tuple[int, bytes, bytes | None]  # record type, key, value

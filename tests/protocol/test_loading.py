@@ -5,13 +5,27 @@ hand-made sequence of records."""
 
 from __future__ import annotations
 
+import random
+import threading
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.loading import LoadDecodeError, RawRecord, StateLoader
-from protocol.records import RecordDecoder, ShareKey, encode_key
-from protocol.replay import KeyState, ShareStateMap
+import protocol.loading
+from protocol.batches import StateBatch
+from protocol.loading import LazyKeyState, LoadDecodeError, RawRecord, StateLoader
+from protocol.messages import InitializePartition, WritePartition
+from protocol.records import (
+    RecordDecoder,
+    ShareKey,
+    ShareUpdate,
+    encode_key,
+    encode_value,
+    record_type,
+)
+from protocol.replay import KeyState, ShareGroupOffset, ShareStateMap
+from protocol.shard import ShardConfig, ShareCoordinatorShard
 from tests.spark.histories import hand_made_records, raw_records, rpc_histories, run_rpcs
 
 NUM_PARTITIONS = 2
@@ -21,13 +35,16 @@ def replayed(records: list[RawRecord], records_per_snapshot: int) -> ShareStateM
     """Every record through the replay, as the daemon replayed them before."""
     decoder = RecordDecoder()
     state = ShareStateMap(records_per_snapshot)
-    for offset, _, record_type, key, value in records:
-        state.replay(offset, decoder.decode(record_type, key, value), key)
+    for offset, _, kind, key, value in records:
+        state.replay(offset, decoder.decode(kind, key, value), key)
     return state
 
 
 def loaded(
-    records: list[RawRecord], records_per_snapshot: int, cuts: list[int] | None = None
+    records: list[RawRecord],
+    records_per_snapshot: int,
+    cuts: list[int] | None = None,
+    lazy: bool = False,
 ) -> ShareStateMap:
     """The records through the loader, handed over in pieces cut at `cuts`."""
     loader = StateLoader(records_per_snapshot)
@@ -37,8 +54,19 @@ def loaded(
         start = max(start, cut)
     loader.add(records[start:])
     state = ShareStateMap(records_per_snapshot)
-    state.loaded(*loader.finish())
+    state.loaded(*loader.finish(lazy=lazy))
     assert loader.record_count == len(records)
+    return state
+
+
+def folded(state: ShareStateMap, seed: int) -> ShareStateMap:
+    """A lazily loaded map with every key folded, in a random order, some by reading
+    ``state`` and some ``batches_clean``: all plain KeyStates after."""
+    entries = list(state.keys.values())
+    random.Random(seed).shuffle(entries)
+    for i, entry in enumerate(entries):
+        _ = entry.batches_clean if i % 2 else entry.state
+    assert all(type(entry) is KeyState for entry in state.keys.values())
     return state
 
 
@@ -54,9 +82,10 @@ def assert_same_state(whole: ShareStateMap, fast: ShareStateMap) -> None:
 def test_a_hand_made_log_loads_to_the_state_its_whole_replay_gives(
     records: list[RawRecord], records_per_snapshot: int, cuts: list[int]
 ) -> None:
-    assert_same_state(
-        replayed(records, records_per_snapshot), loaded(records, records_per_snapshot, cuts)
-    )
+    whole = replayed(records, records_per_snapshot)
+    assert_same_state(whole, loaded(records, records_per_snapshot, cuts))
+    lazy = loaded(records, records_per_snapshot, cuts, lazy=True)
+    assert_same_state(whole, folded(lazy, len(records)))
 
 
 @settings(max_examples=300, deadline=None)
@@ -67,9 +96,10 @@ def test_a_log_the_shard_wrote_loads_to_the_state_its_whole_replay_gives(
     appended = run_rpcs(ops, NUM_PARTITIONS, records_per_snapshot)  # type: ignore[arg-type]
     for p in range(NUM_PARTITIONS):
         records = raw_records(a for a in appended if a.state_partition == p)
-        assert_same_state(
-            replayed(records, records_per_snapshot), loaded(records, records_per_snapshot)
-        )
+        whole = replayed(records, records_per_snapshot)
+        assert_same_state(whole, loaded(records, records_per_snapshot))
+        lazy = loaded(records, records_per_snapshot, lazy=True)
+        assert_same_state(whole, folded(lazy, p))
 
 
 def test_a_bad_value_before_the_last_snapshot_still_fails_the_load() -> None:
@@ -84,3 +114,127 @@ def test_a_bad_value_before_the_last_snapshot_still_fails_the_load() -> None:
     ]
     with pytest.raises(LoadDecodeError, match="offset 1"):
         loaded(records, 500)
+
+
+def test_a_bad_value_in_the_tail_fails_even_a_lazy_load() -> None:
+    """The lazy load leaves the merges for later, not the checks."""
+    key = encode_key(ShareKey("g", "AAAAAAAAAAAAAAAAAAAAAQ", 0))
+    records: list[RawRecord] = [
+        (0, 0, 0, key, bytes.fromhex("9a00000000000090ff0000")),
+        (1, 0, 1, key, b"\x95\x00\x00\x00\xc1"),
+    ]
+    with pytest.raises(LoadDecodeError, match="offset 1"):
+        loaded(records, 500, lazy=True)
+
+
+def _written_log(writes: int) -> tuple[ShareKey, list[RawRecord]]:
+    """One key's log as the shard writes it: its initialize, then `writes` writes."""
+    key = ShareKey("g", "AAAAAAAAAAAAAAAAAAAAAQ", 3)
+    shard = ShareCoordinatorShard(ShardConfig())
+    rng = random.Random(writes)
+    records: list[RawRecord] = []
+
+    def append(record: object) -> None:
+        if record is not None:
+            shard.replay(len(records), record)  # type: ignore[arg-type]
+            records.append(
+                (len(records), 0, record_type(record), encode_key(key), encode_value(record))  # type: ignore[arg-type]
+            )
+
+    append(shard.initialize(key, InitializePartition(key.partition, 0, 0))[0])
+    for n in range(writes):
+        first = rng.randrange(200) + n * 5
+        batch = StateBatch(first, first + 9, rng.choice((0, 2, 4)), rng.randint(1, 3))
+        append(shard.write(key, WritePartition(key.partition, 0, n % 3, -1, [batch]))[0])
+    return key, records
+
+
+def test_a_lazy_load_leaves_the_merges_to_the_first_reader() -> None:
+    key, records = _written_log(40)
+    whole = replayed(records, 500)
+    state = loaded(records, 500, lazy=True)
+    entry = state.keys[key]
+    assert type(entry) is LazyKeyState
+    assert protocol.loading.unfolded_records(entry) == len(records)
+    # What the load worked out at once: fences, counter, snapshot offset, key bytes.
+    expected = whole.keys[key]
+    assert (entry.leader_fence, entry.state_fence, entry.update_count) == (
+        expected.leader_fence,
+        expected.state_fence,
+        expected.update_count,
+    )
+    assert entry.snapshot_offset == expected.snapshot_offset == 0
+    assert isinstance(entry.state, ShareGroupOffset)
+    assert type(entry) is KeyState and protocol.loading.unfolded_records(entry) == 0
+    assert entry == expected
+
+
+def test_a_snapshot_replayed_over_an_unfolded_key_replaces_its_tail_unread() -> None:
+    key, records = _written_log(10)
+    state = loaded(records, 500, lazy=True)
+    again = (len(records), *records[0][1:])  # the initialize's snapshot, once more
+    later = replayed([*records, again], 500)
+    decoder = RecordDecoder()
+    _, _, kind, key_bytes, value = again
+    state.replay(len(records), decoder.decode(kind, key_bytes, value), key_bytes)
+    assert type(state.keys[key]) is KeyState
+    assert state.keys[key].state == later.keys[key].state
+    assert state.keys[key].batches_clean is None
+
+
+def test_a_fold_that_finishes_after_the_state_moved_on_is_dropped() -> None:
+    """Two threads fold one key (a request on the offload thread, a read on the loop):
+    the first fold in place is kept, and a write after it is not undone by the second."""
+    key, records = _written_log(12)
+    state = loaded(records, 500, lazy=True)
+    entry = state.keys[key]
+    real_fold = protocol.loading._fold
+    moved_on = ShareGroupOffset(9, 9, 9, 9, 9, 9, (), -1)
+
+    def fold_while_another_folds_and_writes(*args):  # type: ignore[no-untyped-def]
+        protocol.loading._fold = real_fold
+        _ = entry.state  # the other thread's fold, finished first
+        entry.state = moved_on  # and its write
+        return real_fold(*args)
+
+    protocol.loading._fold = fold_while_another_folds_and_writes
+    try:
+        assert entry.state is moved_on
+    finally:
+        protocol.loading._fold = real_fold
+    assert type(entry) is KeyState and entry.state is moved_on
+
+
+def test_keys_folded_on_many_threads_at_once_fold_to_the_replayed_state() -> None:
+    key, records = _written_log(200)
+    whole = replayed(records, 500)
+    for _ in range(5):
+        state = loaded(records, 500, lazy=True)
+        entry = state.keys[key]
+        seen: list[ShareGroupOffset] = []
+
+        def read(entry: KeyState = entry, seen: list[ShareGroupOffset] = seen) -> None:
+            seen.append(entry.state)
+
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert seen == [whole.keys[key].state] * 4
+        assert entry == whole.keys[key]
+
+
+def test_an_update_replayed_onto_an_unfolded_key_merges_into_its_folded_state() -> None:
+    key, records = _written_log(30)
+    extra_key, extra = _written_log(31)
+    assert extra_key == key
+    update = extra[-1]
+    assert update[2] == 1
+    decoder = RecordDecoder()
+    whole = replayed([*records, (len(records), *update[1:])], 500)
+    state = loaded(records, 500, lazy=True)
+    record = decoder.decode(update[2], update[3], update[4])
+    assert isinstance(record, ShareUpdate)
+    state.replay(len(records), record, update[3])
+    assert state.keys[key] == whole.keys[key]

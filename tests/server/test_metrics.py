@@ -27,6 +27,7 @@ FAMILIES = {
     "sharecoord_records_appended_total": ("counter", ("partition",)),
     "sharecoord_bytes_appended_total": ("counter", ("partition",)),
     "sharecoord_keys": ("gauge", ("partition",)),
+    "sharecoord_keys_unfolded": ("gauge", ("partition",)),
     "sharecoord_partition_status": ("gauge", ("partition", "status")),
     "sharecoord_log_start_offset": ("gauge", ("partition",)),
     "sharecoord_log_end_offset": ("gauge", ("partition",)),
@@ -68,6 +69,7 @@ def busy_metrics() -> ShareCoordinatorMetrics:
         4,
         status=lambda: "active",
         keys=lambda: 1,
+        keys_unfolded=lambda: 0,
         log_start_offset=lambda: 0,
         log_end_offset=lambda: 2,
         segments=lambda: 1,
@@ -177,11 +179,20 @@ def test_a_failing_function_leaves_out_its_sample_and_logs(caplog):
 
 def test_tracked_partition_gauges_read_the_runtime_at_scrape_time():
     metrics = ShareCoordinatorMetrics()
-    runtime = {"status": "loading", "keys": 0, "start": 0, "end": 0, "segments": 1, "bytes": 0}
+    runtime = {
+        "status": "loading",
+        "keys": 0,
+        "unfolded": 0,
+        "start": 0,
+        "end": 0,
+        "segments": 1,
+        "bytes": 0,
+    }
     metrics.track_partition(
         7,
         status=lambda: str(runtime["status"]),
         keys=lambda: runtime["keys"],
+        keys_unfolded=lambda: runtime["unfolded"],
         log_start_offset=lambda: runtime["start"],
         log_end_offset=lambda: runtime["end"],
         segments=lambda: runtime["segments"],
@@ -193,11 +204,12 @@ def test_tracked_partition_gauges_read_the_runtime_at_scrape_time():
 
     assert value("sharecoord_partition_status", status="loading") == 1
     assert value("sharecoord_partition_status", status="active") == 0
-    runtime.update(status="active", keys=12, start=3, end=40, segments=2, bytes=4096)
+    runtime.update(status="active", keys=12, unfolded=5, start=3, end=40, segments=2, bytes=4096)
     assert value("sharecoord_partition_status", status="loading") == 0
     assert value("sharecoord_partition_status", status="active") == 1
     assert value("sharecoord_partition_status", status="failed") == 0
     assert value("sharecoord_keys") == 12
+    assert value("sharecoord_keys_unfolded") == 5
     assert value("sharecoord_log_start_offset") == 3
     assert value("sharecoord_log_end_offset") == 40
     assert value("sharecoord_log_segments") == 2
