@@ -47,7 +47,7 @@ from server.jobs import JobIntervals, PeriodicJobs
 from server.metric_families import CounterChild
 from server.metrics import ShareCoordinatorMetrics
 from server.offload import Offload, watch_loop_lag
-from server.runtime import PartitionRuntime, Status
+from server.runtime import BackgroundFolds, PartitionRuntime, Status
 from server.service import CoordinatorService
 from server.store import NodeStore, open_store
 
@@ -97,9 +97,8 @@ class Node:
         self.fs = fs
         self.metrics = ShareCoordinatorMetrics()
         self.offload = Offload()
-        # The background folds of lazily loaded partitions (PartitionRuntime._fold_loaded)
-        # take turns: one holds the loop, or the offload thread, at a time.
-        self.fold_gate = asyncio.Lock()
+        # The background folds of lazily loaded partitions take turns, behind the loads.
+        self.folds = BackgroundFolds()
         # The request limits both transports decode with.
         self.limits = codec.Limits(
             max_entries_per_request=config.max_entries_per_request,
@@ -238,7 +237,7 @@ class Node:
                 room=store.room,
                 before_serving=committer.prepared,
                 offload=self.offload,
-                fold_gate=self.fold_gate,
+                folds=self.folds,
             )
             _track(metrics, runtime)
             return runtime

@@ -39,7 +39,7 @@ import enum
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
 from persistence import FileOps, LogRecord, PartitionFailedError
@@ -118,6 +118,44 @@ def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+class BackgroundFolds:
+    """Turns for the background folds of lazily loaded partitions (``_fold_loaded``): one
+    slice at a time node-wide, and none while any partition loads, so the folds take
+    what the loads leave (readiness waits for the loads, not for the folds)."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+        self._loads = 0
+        self._no_loads = asyncio.Event()
+        self._no_loads.set()
+
+    @contextlib.contextmanager
+    def loading(self) -> Iterator[None]:
+        """Held while a partition loads."""
+        self._loads += 1
+        self._no_loads.clear()
+        try:
+            yield
+        finally:
+            self._loads -= 1
+            if not self._loads:
+                self._no_loads.set()
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """One slice of a fold: once no partition loads, and no other fold holds one."""
+        while True:
+            await self._no_loads.wait()
+            await self._lock.acquire()
+            if not self._loads:
+                break
+            self._lock.release()  # a load began meanwhile: it goes first
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+
 class PartitionRuntime:
     def __init__(
         self,
@@ -132,7 +170,7 @@ class PartitionRuntime:
         room: RoomWatch | None = None,
         before_serving: Callable[[], Awaitable[None]] | None = None,
         offload: Offload[Any] | None = None,
-        fold_gate: asyncio.Lock | None = None,
+        folds: BackgroundFolds | None = None,
     ) -> None:
         self.partition = partition
         # Where long operations run (the node's one offload thread).
@@ -186,8 +224,9 @@ class PartitionRuntime:
         self._folding: asyncio.Task[None] | None = None
         self._folded = asyncio.Event()
         self._folded.set()
-        # One background fold holds the loop (or the offload thread) at a time, node-wide.
-        self._fold_gate = fold_gate or asyncio.Lock()
+        # One background fold holds the loop (or the offload thread) at a time, node-wide,
+        # and none while a partition loads.
+        self._folds = folds or BackgroundFolds()
 
     def _new_shard(self) -> ShareCoordinatorShard:
         return ShareCoordinatorShard(
@@ -229,7 +268,8 @@ class PartitionRuntime:
         """Open the log (recovering it) and replay it into the shard, off the loop."""
         started = time.perf_counter()
         try:
-            await asyncio.to_thread(self._open_and_replay)
+            with self._folds.loading():
+                await asyncio.to_thread(self._open_and_replay)
         except LoadStopped:
             return
         except OSError as exc:
@@ -307,7 +347,7 @@ class PartitionRuntime:
         at = 0
         try:
             while at < len(pending):
-                async with self._fold_gate:
+                async with self._folds.turn():
                     if self.shard is not shard or self._closing:
                         return
                     if unfolded_records(pending[at]) > INLINE_FOLD_RECORDS:

@@ -1,9 +1,9 @@
 """A partition loads lazily (protocol/loading.py, server/runtime.py): it serves as soon as
 its records are read and checked, and the merges of each key's updates follow in the
-background, a slice of the loop at a time. A key with a long tail is folded off the loop,
-whether the background fold or a request gets to it first; a job over every key waits
-for the background fold. The background fold here is held by the test (its gate), so
-what is asserted is who folded what, never how long anything took."""
+background, a slice of the loop at a time, once no partition is loading. A key with a long
+tail is folded off the loop, whether the background fold or a request gets to it first.
+The background fold here waits behind a load the test holds open, so what is asserted is
+who folded what, never how long anything took."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from protocol.messages import (
 from protocol.records import RecordDecoder, ShareKey, encode_key, encode_value, record_type
 from protocol.replay import KeyState, ShareStateMap
 from protocol.shard import ShardConfig, ShareCoordinatorShard
-from server.runtime import PartitionRuntime
+from server.runtime import BackgroundFolds, PartitionRuntime
 from server.turns import execute_in_turn
 
 TOPIC = "AAAAAAAAAAAAAAAAAAAAAA"
@@ -82,9 +82,10 @@ def test_a_loaded_partition_serves_before_its_merges_and_folds_them_all_behind(
     path, replayed = data
 
     async def run(log: StateLog) -> None:
-        runtime = PartitionRuntime(0, log.partition(0), ShardConfig())
-        gate = runtime._fold_gate
-        await gate.acquire()  # the background fold waits for the test
+        folds = BackgroundFolds()
+        runtime = PartitionRuntime(0, log.partition(0), ShardConfig(), folds=folds)
+        another_load = folds.loading()
+        another_load.__enter__()  # another partition loading: the folds wait for it
         await runtime.load()
         shard = runtime.shard
         assert runtime.keys_unfolded == 2
@@ -96,7 +97,7 @@ def test_a_loaded_partition_serves_before_its_merges_and_folds_them_all_behind(
         assert not runtime.is_long(Rpc.READ_SUMMARY, SHORT, ReadSummaryPartition(0))
         with pytest.raises(TimeoutError):  # a negative: no deadline can make it flaky
             await asyncio.wait_for(runtime.wait_folded(), 0.05)
-        gate.release()
+        another_load.__exit__(None, None, None)
         await runtime.wait_folded()
         assert runtime.keys_unfolded == 0
         assert all(type(state) is KeyState for state in shard._keys.values())
@@ -122,11 +123,12 @@ def test_a_request_that_first_touches_a_long_tail_folds_it_off_the_loop(
     monkeypatch.setattr(protocol.loading, "_fold", fold)
 
     async def run(log: StateLog) -> None:
-        runtime = PartitionRuntime(0, log.partition(0), ShardConfig())
-        await runtime._fold_gate.acquire()  # no background fold: the requests fold
-        await runtime.load()
-        long_read = await execute_in_turn(runtime, Rpc.READ, LONG, ReadPartition(0, 0))
-        short_read = await execute_in_turn(runtime, Rpc.READ, SHORT, ReadPartition(0, 0))
+        folds = BackgroundFolds()
+        runtime = PartitionRuntime(0, log.partition(0), ShardConfig(), folds=folds)
+        with folds.loading():  # another partition loading: no background fold
+            await runtime.load()
+            long_read = await execute_in_turn(runtime, Rpc.READ, LONG, ReadPartition(0, 0))
+            short_read = await execute_in_turn(runtime, Rpc.READ, SHORT, ReadPartition(0, 0))
         for key, read in ((LONG, long_read), (SHORT, short_read)):
             state = replayed.keys[key].state
             assert isinstance(read, ReadPartitionResult) and read.error_code == 0
@@ -134,7 +136,6 @@ def test_a_request_that_first_touches_a_long_tail_folds_it_off_the_loop(
                 state.start_offset,
                 list(state.state_batches),
             )
-        runtime._fold_gate.release()
         await runtime.close()
 
     with StateLog.open(str(path), 1) as log:
