@@ -376,6 +376,13 @@ class PartitionRuntime:
             self._folding = None
             self._folded.set()
 
+    async def fold_key(self, key: ShareKey) -> None:
+        """Fold ``key`` now if a load left it with a long tail, on the offload thread:
+        for a reader that takes the shard's state as it is, outside the turns."""
+        state = self.shard.key_state(key)
+        if state is not None and unfolded_records(state) > INLINE_FOLD_RECORDS:
+            await self._offload(functools.partial(fold, state))
+
     async def wait_folded(self) -> None:
         """Until no key of the shard waits for the background fold (at once if none):
         what a job over every key awaits, so that it does not fold them on the loop."""

@@ -394,6 +394,7 @@ class CoordinatorService:
         (docs/semantics.md §A.1 point 10).
         Like every read, it waits until what it shows is durable."""
         runtime = self._runtime_for_key(key)
+        await runtime.fold_key(key)  # a long tail a load left, off the loop
         state = runtime.shard.admin_state(key)
         offset = runtime.pending_offset_of(key)
         if offset is not None:

@@ -36,7 +36,8 @@ TOPIC = "AAAAAAAAAAAAAAAAAAAAAA"
 LONG = ShareKey("lazy", TOPIC, 0)  # more updates since its snapshot than a fold inline
 SHORT = ShareKey("lazy", TOPIC, 1)
 ONLY_SNAPSHOT = ShareKey("lazy", TOPIC, 2)
-WRITES = {LONG: INLINE_FOLD_RECORDS + 20, SHORT: 10, ONLY_SNAPSHOT: 0}
+OTHER_LONG = ShareKey("lazy", TOPIC, 3)
+WRITES = {LONG: INLINE_FOLD_RECORDS + 20, SHORT: 10, ONLY_SNAPSHOT: 0, OTHER_LONG: 80}
 
 
 def build(data: Path) -> ShareStateMap:
@@ -88,7 +89,7 @@ def test_a_loaded_partition_serves_before_its_merges_and_folds_them_all_behind(
         another_load.__enter__()  # another partition loading: the folds wait for it
         await runtime.load()
         shard = runtime.shard
-        assert runtime.keys_unfolded == 2
+        assert runtime.keys_unfolded == 3
         assert type(shard.key_state(LONG)) is LazyKeyState
         assert type(shard.key_state(SHORT)) is LazyKeyState
         assert type(shard.key_state(ONLY_SNAPSHOT)) is KeyState  # nothing to merge
@@ -129,6 +130,10 @@ def test_a_request_that_first_touches_a_long_tail_folds_it_off_the_loop(
             await runtime.load()
             long_read = await execute_in_turn(runtime, Rpc.READ, LONG, ReadPartition(0, 0))
             short_read = await execute_in_turn(runtime, Rpc.READ, SHORT, ReadPartition(0, 0))
+            # What the admin state endpoint does first, for a key the requests never read.
+            await runtime.fold_key(ONLY_SNAPSHOT)
+            await runtime.fold_key(OTHER_LONG)
+            assert type(runtime.shard.key_state(OTHER_LONG)) is KeyState
         for key, read in ((LONG, long_read), (SHORT, short_read)):
             state = replayed.keys[key].state
             assert isinstance(read, ReadPartitionResult) and read.error_code == 0
@@ -143,3 +148,4 @@ def test_a_request_that_first_touches_a_long_tail_folds_it_off_the_loop(
     loop_thread = threading.main_thread().name
     assert folded_on[WRITES[LONG] + 1] != loop_thread
     assert folded_on[WRITES[SHORT] + 1] == loop_thread
+    assert folded_on[WRITES[OTHER_LONG] + 1] != loop_thread
