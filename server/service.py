@@ -210,7 +210,10 @@ class CoordinatorService:
                         and not _waits_on_commit(placed.get(state_partition))
                     ):
                         key = ShareKey(group_id, key_topic_id, partition)
-                        answer = runtime.answer_read(rpc, key, entry)
+                        await runtime.fold_key(key)  # a long tail a load left, off the loop
+                        answer = (  # (readable still, if that fold let the loop go)
+                            runtime.answer_read(rpc, key, entry) if runtime.readable else None
+                        )
                         if answer is not None:
                             _place(placed, state_partition, out, runtime.pending_offset_of(key))
                             out.append(answer)
