@@ -48,11 +48,13 @@ from protocol.records import (
 )
 from protocol.replay import KeyState, ShareGroupOffset, snapshot_fences, update_leader_fence
 
-# A lazy key whose tail holds more records than this is folded off the event loop when a
-# request first touches it (``PartitionRuntime.is_long``) or by the background fold: a
-# merge costs a few microseconds, so this many keep an inline fold well inside the
-# service's slice of the loop.
+# A lazy key whose tail holds more records than this, or more value bytes than the next
+# (a merge copies the stored batches, so a large state costs each merge more), is folded
+# off the event loop when a request first touches it (``PartitionRuntime.is_long``) or by
+# the background fold. A merge of a small state costs a few microseconds: within both
+# bounds an inline fold stays well inside the service's slice of the loop.
 INLINE_FOLD_RECORDS = 64
+INLINE_FOLD_BYTES = 16 * 1024
 
 # (offset, timestamp, record_type, key, value): one log frame's fields, value None for a
 # tombstone. A plain tuple: a loader holds a partition's worth of them.
@@ -326,6 +328,18 @@ def unfolded_records(entry: KeyState) -> int:
         return 0
     raw = _STATE_SLOT.__get__(entry, KeyState)
     return len(raw) if type(raw) is list else 0
+
+
+def fold_is_long(entry: KeyState) -> bool:
+    """Whether folding ``entry`` is long work (``INLINE_FOLD_RECORDS``/``_BYTES``)."""
+    if entry.__class__ is not LazyKeyState:
+        return False
+    raw = _STATE_SLOT.__get__(entry, KeyState)
+    if type(raw) is not list:
+        return False
+    if len(raw) > INLINE_FOLD_RECORDS:
+        return True
+    return sum(len(record[4] or b"") for record in raw) > INLINE_FOLD_BYTES
 
 
 def fold(entry: KeyState) -> None:

@@ -49,13 +49,12 @@ from persistence.room import RoomWatch
 from persistence.store import PartitionStore, open_in_runs
 from protocol.batches import StateBatch
 from protocol.loading import (
-    INLINE_FOLD_RECORDS,
     LazyKeyState,
     LoadDecodeError,
     RawRecord,
     StateLoader,
     fold,
-    unfolded_records,
+    fold_is_long,
 )
 from protocol.messages import AnyPartitionResult, Rpc
 from protocol.records import (
@@ -350,14 +349,14 @@ class PartitionRuntime:
                 async with self._folds.turn():
                     if self.shard is not shard or self._closing:
                         return
-                    if unfolded_records(pending[at]) > INLINE_FOLD_RECORDS:
+                    if fold_is_long(pending[at]):
                         await self._offload(functools.partial(fold, pending[at]))
                         at += 1
                     else:
                         until = clock() + FOLD_SLICE_S
                         while at < len(pending) and clock() < until:
                             entry = pending[at]
-                            if unfolded_records(entry) > INLINE_FOLD_RECORDS:
+                            if fold_is_long(entry):
                                 break
                             fold(entry)
                             at += 1
@@ -380,7 +379,7 @@ class PartitionRuntime:
         """Fold ``key`` now if a load left it with a long tail, on the offload thread:
         for a reader that takes the shard's state as it is, outside the turns."""
         state = self.shard.key_state(key)
-        if state is not None and unfolded_records(state) > INLINE_FOLD_RECORDS:
+        if state is not None and fold_is_long(state):
             await self._offload(functools.partial(fold, state))
 
     async def wait_folded(self) -> None:
@@ -477,11 +476,7 @@ class PartitionRuntime:
         """Whether ``execute`` would hold the loop too long for this entry: a long write,
         or any entry that would fold a long tail first (protocol/loading.py)."""
         state = self.shard.key_state(key)
-        if (
-            state is not None
-            and state.__class__ is LazyKeyState
-            and unfolded_records(state) > INLINE_FOLD_RECORDS
-        ):
+        if state is not None and state.__class__ is LazyKeyState and fold_is_long(state):
             return True
         if rpc is not Rpc.WRITE:
             return False

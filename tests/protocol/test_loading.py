@@ -238,3 +238,33 @@ def test_an_update_replayed_onto_an_unfolded_key_merges_into_its_folded_state() 
     assert isinstance(record, ShareUpdate)
     state.replay(len(records), record, update[3])
     assert state.keys[key] == whole.keys[key]
+
+
+def test_a_short_tail_over_a_large_state_is_long_work_to_fold() -> None:
+    """Each merge copies the stored batches: a few updates over thousands of batches
+    are folded off the loop, as a long tail is."""
+    key = ShareKey("g", "AAAAAAAAAAAAAAAAAAAAAQ", 5)
+    shard = ShareCoordinatorShard(ShardConfig())
+    records: list[RawRecord] = []
+
+    def append(record: object) -> None:
+        shard.replay(len(records), record)  # type: ignore[arg-type]
+        records.append(
+            (len(records), 0, record_type(record), encode_key(key), encode_value(record))  # type: ignore[arg-type]
+        )
+
+    append(shard.initialize(key, InitializePartition(key.partition, 0, 0))[0])
+    many = [StateBatch(2 * i, 2 * i, 4, 1) for i in range(3000)]  # disjoint: they all stay
+    append(shard.write(key, WritePartition(key.partition, 0, 0, -1, many))[0])
+    assert loaded(records[:1], 500, lazy=True).keys[key].__class__ is KeyState  # a snapshot
+    for n in range(3):
+        batch = StateBatch(10 * n + 1, 10 * n + 1, 2, 1)
+        append(shard.write(key, WritePartition(key.partition, 0, 0, -1, [batch]))[0])
+    large = loaded(records, 500, lazy=True)
+    entry = large.keys[key]
+    assert protocol.loading.unfolded_records(entry) == 5 <= protocol.loading.INLINE_FOLD_RECORDS
+    assert protocol.loading.fold_is_long(entry)
+    short = loaded(records[:1] + records[2:], 500, lazy=True)  # the same without the big write
+    assert not protocol.loading.fold_is_long(short.keys[key])
+    assert entry.state == replayed(records, 500).keys[key].state
+    assert not protocol.loading.fold_is_long(entry)
