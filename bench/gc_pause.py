@@ -3,12 +3,12 @@
     python -m bench.gc_pause DATA_DIR [--partitions N] [--rounds K]
 
 Loads every state partition of DATA_DIR into its shard the way the daemon does at
-start-up (PartitionRuntime.load), then times a full collection (gc.collect()) K times.
-CPython's full collection walks every object its collector tracks, with the event loop
-stopped meanwhile: whatever the daemon keeps per share-partition and the collector
-tracks makes that pause grow with the state. The daemon freezes what it holds before
-the state loads (server.daemon), so the state is what such a pause walks in a daemon
-that has run a while. Prints one JSON object.
+start-up (PartitionRuntime.load, then its background fold), then times a full collection
+(gc.collect()) K times. CPython's full collection walks every object its collector
+tracks, with the event loop stopped meanwhile: whatever the daemon keeps per
+share-partition and the collector tracks makes that pause grow with the state. The
+daemon freezes what it holds before the state loads (server.daemon), so the state is
+what such a pause walks in a daemon that has run a while. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -31,8 +31,13 @@ def measure(data_dir: str, partitions: int = 50, rounds: int = 5) -> dict[str, A
     log = StateLog.open(data_dir, partitions)
     try:
         runtimes = [PartitionRuntime(p, log.partition(p), ShardConfig()) for p in range(partitions)]
+
+        async def load(runtime: PartitionRuntime) -> None:
+            await runtime.load()
+            await runtime.wait_folded()  # the tails a lazy load keeps until folded
+
         for runtime in runtimes:
-            asyncio.run(runtime.load())
+            asyncio.run(load(runtime))
         share_partitions = sum(len(runtime.shard) for runtime in runtimes)
         gc.collect()  # the load's own garbage
         pauses = []
