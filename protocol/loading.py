@@ -322,24 +322,28 @@ class LazyKeyState(KeyState, gc=False):
     that finishes after the state has moved on is dropped (``_fold_now``)."""
 
 
+def _unfolded_tail(entry: KeyState) -> list[RawRecord] | None:
+    """The tail ``entry`` still has to fold; None for a folded one."""
+    if entry.__class__ is not LazyKeyState:
+        return None
+    raw = _STATE_SLOT.__get__(entry, KeyState)
+    return raw if type(raw) is list else None
+
+
 def unfolded_records(entry: KeyState) -> int:
     """How many records folding ``entry`` goes through: 0 for a folded one."""
-    if entry.__class__ is not LazyKeyState:
-        return 0
-    raw = _STATE_SLOT.__get__(entry, KeyState)
-    return len(raw) if type(raw) is list else 0
+    tail = _unfolded_tail(entry)
+    return 0 if tail is None else len(tail)
 
 
 def fold_is_long(entry: KeyState) -> bool:
     """Whether folding ``entry`` is long work (``INLINE_FOLD_RECORDS``/``_BYTES``)."""
-    if entry.__class__ is not LazyKeyState:
+    tail = _unfolded_tail(entry)
+    if tail is None:
         return False
-    raw = _STATE_SLOT.__get__(entry, KeyState)
-    if type(raw) is not list:
-        return False
-    if len(raw) > INLINE_FOLD_RECORDS:
+    if len(tail) > INLINE_FOLD_RECORDS:
         return True
-    return sum(len(record[4] or b"") for record in raw) > INLINE_FOLD_BYTES
+    return sum(len(record[4] or b"") for record in tail) > INLINE_FOLD_BYTES
 
 
 def fold(entry: KeyState) -> None:
