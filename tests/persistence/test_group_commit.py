@@ -60,11 +60,18 @@ class GatedFileOps(FaultInjectingFileOps):
         super().__init__()
         self.entered: queue.Queue[str] = queue.Queue()
         self.permits = threading.Semaphore(0)
+        self.gated = True
 
     def fdatasync(self, fd: int) -> None:
-        self.entered.put(self.path_of(fd))
-        assert self.permits.acquire(timeout=30), "the test never let the fdatasync go"
+        if self.gated:
+            self.entered.put(self.path_of(fd))
+            assert self.permits.acquire(timeout=30), "the test never let the fdatasync go"
         super().fdatasync(fd)
+
+    def ungate(self) -> None:
+        """Let every fdatasync from now on go at once (the checkpoint at close)."""
+        self.gated = False
+        self.permits.release(1000)
 
     async def next_fdatasync(self) -> str:
         return await asyncio.to_thread(self.entered.get, True, 30)
@@ -184,6 +191,7 @@ async def test_a_waiter_resolves_only_once_its_offset_is_fsynced(data_dir: str) 
     await second_durable
     assert log.partition(0).durable_end_offset == 2
     assert committer.cycles == 2
+    fs.ungate()
     await committer.close()
     await asyncio.to_thread(log.close)
 
@@ -307,7 +315,7 @@ async def test_waiters_appended_after_the_failed_batch_fail_too(data_dir: str) -
     with pytest.raises(DurabilityError):
         await committer.wait_durable(0, later.offset)  # a failed partition answers at once
     assert log.partition(0).durable_end_offset == 0
-    fs.permits.release(100)
+    fs.ungate()
     await committer.close()
     await asyncio.to_thread(log.close)
 
