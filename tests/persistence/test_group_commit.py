@@ -308,14 +308,14 @@ async def test_waiters_appended_after_the_failed_batch_fail_too(data_dir: str) -
         fs.permits.release()  # creating the journal's segments
     (later,) = append_records(log.partition(0), 1, first=1)  # after the failing batch
     later_durable = committer.wait_durable(0, later.offset)
-    fs.permits.release()
+    # The failing fdatasync, then the one that erases its record (journal.py), and on.
+    fs.ungate()
     for waiter in (first_durable, later_durable):
         with pytest.raises(DurabilityError):
             await waiter
     with pytest.raises(DurabilityError):
         await committer.wait_durable(0, later.offset)  # a failed partition answers at once
     assert log.partition(0).durable_end_offset == 0
-    fs.ungate()
     await committer.close()
     await asyncio.to_thread(log.close)
 
@@ -448,7 +448,11 @@ async def test_a_failed_checkpoint_fsync_keeps_the_journal_and_stops_that_partit
         failures.append(partition)
         failed.set()
 
-    committer = GroupCommitter(log, checkpoint_bytes=1, on_partition_failure=on_failure)
+    # A checkpoint after every cycle, or on the ticker when one was still running as
+    # the cycle of partition 1 ended (100 ms rather than the 10 s default).
+    committer = GroupCommitter(
+        log, checkpoint_bytes=1, checkpoint_interval_ms=100, on_partition_failure=on_failure
+    )
     committer.start()
     fs.fail("fdatasync", errno.EIO, path_contains="partitions/1/", times=None)
     kept = {p: await append_and_wait(committer, log, p, 2) for p in range(2)}
