@@ -266,7 +266,13 @@ def walk_frames(
     every frame of a file (loading, compaction). Why a frame was not taken is left to
     those readers (``decode_frame`` says)."""
     unpack_header = HEADER.unpack_from
+    unpack_value_length = VALUE_LENGTH.unpack_from
     crc32 = zlib.crc32
+    # The module's constants as locals: a global lookup per frame and field is a fifth
+    # of this loop (bench: 0.80x its CPU per frame).
+    header_size, length_field, crc_start, key_at = HEADER_SIZE, LENGTH_FIELD_SIZE, CRC_START, KEY_AT
+    shortest, longest, magic_byte, types = MIN_LENGTH, MAX_FRAME_LENGTH, MAGIC, RECORD_TYPES
+    null_length, value_length_size = NULL_VALUE_LENGTH, VALUE_LENGTH.size
     view = memoryview(buf)
     size = len(buf)
     below = below_offset if below_offset is not None else 1 << 63
@@ -274,35 +280,35 @@ def walk_frames(
     append = records.append
     value: bytes | None
     while pos < size:
-        if size - pos < HEADER_SIZE:
+        if size - pos < header_size:
             break
         length, crc, magic, record_type, offset, timestamp, key_length = unpack_header(buf, pos)
-        end = pos + LENGTH_FIELD_SIZE + length
+        end = pos + length_field + length
         if (
-            length < MIN_LENGTH
-            or length > MAX_FRAME_LENGTH
+            length < shortest
+            or length > longest
             or end > size
-            or crc32(view[pos + CRC_START : end]) != crc
-            or magic != MAGIC
-            or record_type not in RECORD_TYPES
+            or crc32(view[pos + crc_start : end]) != crc
+            or magic != magic_byte
+            or record_type not in types
             or offset < min_offset
             or offset >= below
         ):
             break
-        key_end = pos + KEY_AT + key_length
-        value_start = key_end + VALUE_LENGTH.size
+        key_end = pos + key_at + key_length
+        value_start = key_end + value_length_size
         if value_start > end:
             break
-        value_length = int.from_bytes(buf[key_end:value_start], "big", signed=True)
-        if value_length == NULL_VALUE_LENGTH:
+        (value_length,) = unpack_value_length(buf, key_end)
+        if value_length == null_length:
             if value_start != end:
                 break
             value = None
-        elif value_length < NULL_VALUE_LENGTH or value_start + value_length != end:
+        elif value_length < null_length or value_start + value_length != end:
             break
         else:
             value = buf[value_start:end]
-        append((offset, timestamp, record_type, buf[pos + KEY_AT : key_end], value))
+        append((offset, timestamp, record_type, buf[pos + key_at : key_end], value))
         min_offset = offset + 1
         pos = end
     view.release()

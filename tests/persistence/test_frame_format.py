@@ -28,6 +28,7 @@ from persistence.frame import (
     encode_frame,
     find_next_frame,
     iter_frames,
+    walk_frames,
 )
 from protocol.records import RECORD_TYPES
 from tests.persistence.log_helpers import resealed
@@ -240,3 +241,68 @@ def test_the_next_valid_frame_is_found_past_damage() -> None:
     assert find_next_frame(bytes(data), len(frames[0]), 3) == third + len(frames[2])
     assert find_next_frame(bytes(data), len(frames[0]), 4) is None
     assert find_next_frame(b"\0" * 4096, 0, 0) is None
+
+
+def decoded_walk(
+    data: bytes, min_offset: int, below: int | None
+) -> tuple[list[tuple[int, int, int, bytes, bytes | None]], int]:
+    """What walk_frames must return, by decode_frame: each frame it accepts while the
+    offsets ascend from min_offset and stay below ``below``, then where it stopped."""
+    taken = []
+    pos = 0
+    while pos < len(data):
+        try:
+            record, end = decode_frame(data, pos)
+        except FrameError:
+            break
+        if record.offset < min_offset or (below is not None and record.offset >= below):
+            break
+        taken.append(
+            (record.offset, record.timestamp, record.record_type, record.key, record.value)
+        )
+        min_offset = record.offset + 1
+        pos = end
+    return taken, pos
+
+
+IMPOSSIBLE = [  # (field position, bytes) that make a resealed frame invalid
+    (MAGIC_AT, b"\x02"),
+    (RECORD_TYPE_AT, b"\x07"),
+    (KEY_LENGTH_AT, struct.pack(">I", 2**32 - 1)),
+]
+
+
+@given(
+    st.lists(records, max_size=6),
+    st.data(),
+    st.sampled_from(["sound", "cut", "flipped", "resealed", "value-length"]),
+)
+def test_walk_frames_takes_exactly_what_decode_frame_accepts(
+    batch: list[LogRecord], data: st.DataObject, damage: str
+) -> None:
+    """The loaders' fast loop (walk_frames) against the decoder: the same records, and
+    the same stop, on sound frames and after every kind of damage, offsets in any order."""
+    if data.draw(st.booleans()):  # mostly ascending offsets, as a log holds them
+        batch = sorted(batch, key=lambda record: record.offset)
+    frames = [encode(r) for r in batch]
+    buf = b"".join(frames)
+    if frames and damage != "sound":
+        at = data.draw(st.integers(0, len(frames) - 1))
+        start = sum(len(f) for f in frames[:at])
+        frame = frames[at]
+        if damage == "cut":
+            buf = buf[: start + data.draw(st.integers(0, len(frame) - 1))]
+        elif damage == "flipped":
+            byte = start + data.draw(st.integers(0, len(frame) - 1))
+            buf = buf[:byte] + bytes([buf[byte] ^ 0xFF]) + buf[byte + 1 :]
+        elif damage == "resealed":
+            field, value = data.draw(st.sampled_from(IMPOSSIBLE))
+            buf = buf[:start] + resealed(frame, field, value) + buf[start + len(frame) :]
+        else:  # a value length that is not the value's
+            key_end = KEY_AT + len(batch[at].key)
+            wrong = data.draw(st.sampled_from([-2, -1, 0, 1, 2**31 - 1]))
+            bad = resealed(frame, key_end, struct.pack(">i", wrong))
+            buf = buf[:start] + bad + buf[start + len(frame) :]
+    min_offset = data.draw(st.just(0) | st.integers(0, 2**62))
+    below = data.draw(st.none() | st.integers(0, 2**63 - 1))
+    assert walk_frames(buf, 0, min_offset, below) == decoded_walk(buf, min_offset, below)
