@@ -268,8 +268,9 @@ def walk_frames(
     unpack_header = HEADER.unpack_from
     unpack_value_length = VALUE_LENGTH.unpack_from
     crc32 = zlib.crc32
-    # The module's constants as locals: a global lookup per frame and field is a fifth
-    # of this loop (bench: 0.80x its CPU per frame).
+    # The module's constants as locals, and the value length by struct rather than a
+    # slice and int.from_bytes: together 0.69x the loop's CPU per frame (measured
+    # against the loop before on the bench's 1M-record log; not measured apart).
     header_size, length_field, crc_start, key_at = HEADER_SIZE, LENGTH_FIELD_SIZE, CRC_START, KEY_AT
     shortest, longest, magic_byte, types = MIN_LENGTH, MAX_FRAME_LENGTH, MAGIC, RECORD_TYPES
     null_length, value_length_size = NULL_VALUE_LENGTH, VALUE_LENGTH.size
