@@ -193,7 +193,7 @@ class Node:
         store.start()
         loop = asyncio.get_running_loop()
         self._tasks = [
-            loop.create_task(_load_all(runtimes, service), name="load"),
+            loop.create_task(_load_all(runtimes, service, self.folds), name="load"),
             loop.create_task(watch_loop_lag(self.metrics.event_loop_lag.labels()), name="loop-lag"),
         ]
         service.start()
@@ -408,7 +408,9 @@ def _track(metrics: ShareCoordinatorMetrics, runtime: PartitionRuntime) -> None:
     )
 
 
-async def _load_all(runtimes: dict[int, PartitionRuntime], service: CoordinatorService) -> None:
+async def _load_all(
+    runtimes: dict[int, PartitionRuntime], service: CoordinatorService, folds: BackgroundFolds
+) -> None:
     started = time.perf_counter()
     gate = asyncio.Semaphore(LOAD_CONCURRENCY)
 
@@ -416,7 +418,13 @@ async def _load_all(runtimes: dict[int, PartitionRuntime], service: CoordinatorS
         async with gate:
             await runtime.load()
 
-    await asyncio.gather(*(load(r) for r in runtimes.values()))
+    # One load for the whole start, as the folds see it: between one partition's load and
+    # the next, every partition loaded before would take a slice of its fold (they all
+    # wake when the loads drop to none, ahead of the next load): the 50th partition
+    # waited ~50 ms for its turn, and a 1M-record log loaded in 3.7 s instead of 1.3 s
+    # with one load at a time.
+    with folds.loading():
+        await asyncio.gather(*(load(r) for r in runtimes.values()))
     failed = [p for p, r in runtimes.items() if r.status is Status.FAILED]
     _log.info(
         "loaded %d state partitions in %.2fs%s",

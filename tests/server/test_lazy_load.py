@@ -1,6 +1,7 @@
 """A partition loads lazily (protocol/loading.py, server/runtime.py): it serves as soon as
 its records are read and checked, and the merges of each key's updates follow in the
-background, a slice of the loop at a time, once no partition is loading. A key with a long
+background, one slice per turn of the loop node-wide, once no partition is loading (and a
+node's start loads every partition before the first). A key with a long
 tail is folded off the loop, whether the background fold or a request gets to it first.
 The background fold here waits behind a load the test holds open, so what is asserted is
 who folded what, never how long anything took."""
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 import protocol.loading
+import server.node
+import server.runtime
 from persistence import StateLog
 from protocol.batches import StateBatch
 from protocol.loading import INLINE_FOLD_RECORDS, LazyKeyState
@@ -40,35 +43,41 @@ OTHER_LONG = ShareKey("lazy", TOPIC, 3)
 WRITES = {LONG: INLINE_FOLD_RECORDS + 20, SHORT: 10, ONLY_SNAPSHOT: 0, OTHER_LONG: 80}
 
 
-def build(data: Path) -> ShareStateMap:
-    """A one-partition log of the three keys, written as the shard writes them; returns
-    the state a replay of every record gives."""
+def build(data: Path, partitions: int = 1) -> ShareStateMap:
+    """A log of the four keys, written as the shard writes them, the same in each of
+    ``partitions``; returns the state a replay of every record of one gives."""
+    with StateLog.open(str(data), partitions) as log:
+        for p in range(partitions):
+            replayed = _write_keys(log, p)
+    return replayed
+
+
+def _write_keys(log: StateLog, p: int) -> ShareStateMap:
     shard = ShareCoordinatorShard(ShardConfig())
     rng = random.Random(7)
     replayed = ShareStateMap(500)
     decoder = RecordDecoder()
-    with StateLog.open(str(data), 1) as log:
-        partition = log.partition(0)
-        partition.open()
+    partition = log.partition(p)
+    partition.open()
 
-        def append(record: object) -> None:
-            key = encode_key(record.key)  # type: ignore[attr-defined]
-            value = encode_value(record)  # type: ignore[arg-type]
-            kind = record_type(record)  # type: ignore[arg-type]
-            offset = partition.append(kind, key, value, 1_795_000_000_000)
-            shard.replay(offset, record)  # type: ignore[arg-type]
-            replayed.replay(offset, decoder.decode(kind, key, value), key)
+    def append(record: object) -> None:
+        key = encode_key(record.key)  # type: ignore[attr-defined]
+        value = encode_value(record)  # type: ignore[arg-type]
+        kind = record_type(record)  # type: ignore[arg-type]
+        offset = partition.append(kind, key, value, 1_795_000_000_000)
+        shard.replay(offset, record)  # type: ignore[arg-type]
+        replayed.replay(offset, decoder.decode(kind, key, value), key)
 
-        for key in WRITES:
-            append(shard.initialize(key, InitializePartition(key.partition, 0, 0))[0])
-        for n in range(max(WRITES.values())):
-            for key, writes in WRITES.items():
-                if n < writes:
-                    first = rng.randrange(300) + n * 3
-                    batch = StateBatch(first, first + 4, rng.choice((0, 2, 4)), rng.randint(1, 3))
-                    entry = WritePartition(key.partition, 0, n % 4, -1, [batch])
-                    append(shard.write(key, entry)[0])
-        partition.commit()
+    for key in WRITES:
+        append(shard.initialize(key, InitializePartition(key.partition, 0, 0))[0])
+    for n in range(max(WRITES.values())):
+        for key, writes in WRITES.items():
+            if n < writes:
+                first = rng.randrange(300) + n * 3
+                batch = StateBatch(first, first + 4, rng.choice((0, 2, 4)), rng.randint(1, 3))
+                entry = WritePartition(key.partition, 0, n % 4, -1, [batch])
+                append(shard.write(key, entry)[0])
+    partition.commit()
     return replayed
 
 
@@ -149,3 +158,105 @@ def test_a_request_that_first_touches_a_long_tail_folds_it_off_the_loop(
     assert folded_on[WRITES[LONG] + 1] != loop_thread
     assert folded_on[WRITES[SHORT] + 1] == loop_thread
     assert folded_on[WRITES[OTHER_LONG] + 1] != loop_thread
+
+
+class _Service:
+    """What ``_load_all`` tells once every partition has loaded."""
+
+    async def after_load(self) -> None:
+        pass
+
+
+def _recording_folds(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:
+    """Each key a background fold folds appends ``fold`` to ``events`` (from any
+    thread: a long tail folds off the loop)."""
+    real_fold = protocol.loading.fold
+
+    def fold(entry):  # type: ignore[no-untyped-def]
+        events.append("fold")
+        return real_fold(entry)
+
+    monkeypatch.setattr(server.runtime, "fold", fold)
+
+
+def test_a_start_loads_every_partition_before_the_first_background_fold(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between one partition's load and the next, the folds of those loaded before must
+    not each take a slice: a 1M-record start took 3.7 s instead of 1.4 s that way."""
+    partitions = 6  # more than LOAD_CONCURRENCY: some loads start after others ended
+    assert partitions > server.node.LOAD_CONCURRENCY
+    build(tmp_path / "data", partitions)
+    events: list[str] = []
+    _recording_folds(monkeypatch, events)
+    real_open_and_replay = PartitionRuntime._open_and_replay
+
+    def open_and_replay(self: PartitionRuntime) -> None:
+        events.append("load")
+        real_open_and_replay(self)
+
+    monkeypatch.setattr(PartitionRuntime, "_open_and_replay", open_and_replay)
+
+    async def run(log: StateLog) -> None:
+        folds = BackgroundFolds()
+        runtimes = {
+            p: PartitionRuntime(p, log.partition(p), ShardConfig(), folds=folds)
+            for p in range(partitions)
+        }
+        await server.node._load_all(runtimes, _Service(), folds)  # type: ignore[arg-type]
+        for runtime in runtimes.values():
+            await runtime.wait_folded()
+            assert runtime.keys_unfolded == 0
+            await runtime.close()
+
+    with StateLog.open(str(tmp_path / "data"), partitions) as log:
+        asyncio.run(run(log))
+    assert events.count("load") == partitions
+    assert events.count("fold") == 3 * partitions  # LONG, SHORT, OTHER_LONG of each
+    assert events.index("fold") > len(events) - 1 - events[::-1].index("load")
+
+
+def test_the_background_folds_take_one_slice_per_turn_of_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """However many partitions fold, anything else on the loop waits for one slice at
+    most between two turns of its own (50 folding held an HTTP request ~0.4 s)."""
+    partitions = 4
+    build(tmp_path / "data", partitions)
+    monkeypatch.setattr(server.runtime, "FOLD_SLICE_S", 0.0)  # one key a slice
+    # Every tail inline: a fold waiting on the offload thread holds its turn, and the
+    # others queue behind it whatever the loop does; inline slices are what can crowd.
+    monkeypatch.setattr(server.runtime, "fold_is_long", lambda entry: False)
+    events: list[str] = []
+    _recording_folds(monkeypatch, events)
+
+    async def run(log: StateLog) -> None:
+        folds = BackgroundFolds()
+        runtimes = [
+            PartitionRuntime(p, log.partition(p), ShardConfig(), folds=folds)
+            for p in range(partitions)
+        ]
+        with folds.loading():  # every fold starts together, once this ends
+            for runtime in runtimes:
+                await runtime.load()
+        done = asyncio.Event()
+
+        async def ticks() -> None:
+            while not done.is_set():
+                events.append("tick")
+                await asyncio.sleep(0)
+
+        ticking = asyncio.create_task(ticks())
+        await asyncio.sleep(0)  # the first tick, before any fold
+        for runtime in runtimes:
+            await runtime.wait_folded()
+        done.set()
+        await ticking
+        for runtime in runtimes:
+            await runtime.close()
+
+    with StateLog.open(str(tmp_path / "data"), partitions) as log:
+        asyncio.run(run(log))
+    assert events.count("fold") == 3 * partitions
+    between = "".join("f" if event == "fold" else "t" for event in events).split("t")
+    assert max(len(run) for run in between) == 1, between
