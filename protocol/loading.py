@@ -277,8 +277,20 @@ def _fold(
 ) -> tuple[ShareGroupOffset, bool | None, int]:
     """The state the tail folds to (``head``: its first record decoded), whether its
     batches are clean (None: unknown), and ``leader_fence`` raised by the updates."""
-    first = tail[0]
-    if first[2] == SNAPSHOT_RECORD_TYPE:
+    snapshot = tail[0][2] == SNAPSHOT_RECORD_TYPE
+    return fold_values(head, map(_decoded, tail[1:]), leader_fence, snapshot=snapshot)
+
+
+def fold_values(
+    head: Any, updates: Iterable[Any], leader_fence: int, *, snapshot: bool
+) -> tuple[ShareGroupOffset, bool | None, int]:
+    """``_fold`` of values already decoded and checked (compaction's, spark_jobs/fold.py):
+    the state a key's tail folds to, ``head`` its first record's value (a snapshot's,
+    or with ``snapshot`` False an update's that created the key), ``updates`` the
+    values of the updates after it, in order; whether the batches are clean (None:
+    unknown), and ``leader_fence`` raised by the updates. Each update is applied as
+    ``ShareStateMap._replay_update`` applies it."""
+    if snapshot:
         state_epoch = head.state_epoch
         create_timestamp, write_timestamp = head.create_timestamp, head.write_timestamp
     else:
@@ -287,8 +299,7 @@ def _fold(
     delivery_complete_count = head.delivery_complete_count
     batches: list[StateBatch] = _batches(head.state_batches)
     clean: bool | None = None
-    for record in tail[1:]:
-        value = _decoded(record)
+    for value in updates:
         epoch = value.leader_epoch
         leader_fence = max(leader_fence, epoch)
         if epoch != -1:

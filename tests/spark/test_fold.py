@@ -235,14 +235,16 @@ def garbage_values() -> st.SearchStrategy[bytes]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sampled_from([0, 1, 2, 7]), garbage_values())
-def test_a_superseded_record_is_refused_exactly_when_the_daemon_refuses_to_load_it(
-    record_type: int, value: bytes
+@given(st.sampled_from([0, 1, 2, 7]), garbage_values(), st.booleans())
+def test_a_record_is_refused_exactly_when_the_daemon_refuses_to_load_it(
+    record_type: int, value: bytes, superseded: bool
 ) -> None:
     """The light phase does not build every record, but it checks each as the decoder
-    does: compaction never turns a log the daemon cannot load into one it can."""
+    does, and the tail after a key's last snapshot is folded as loading folds it:
+    compaction never turns a log the daemon cannot load into one it can."""
     key = encode_record(snapshot())[1]
-    records = [(0, BASE_TIME_MS, record_type, key, value), raw(1, snapshot())]
+    made = (0 if superseded else 1, BASE_TIME_MS, record_type, key, value)
+    records = [made, raw(1, snapshot())] if superseded else [raw(0, snapshot()), made]
     try:
         replayed(records)  # the daemon's load: decode and replay every record
         loads = True
@@ -254,6 +256,24 @@ def test_a_superseded_record_is_refused_exactly_when_the_daemon_refuses_to_load_
     except (RecordDecodeError, TypeError, ValueError):
         folds = False
     assert folds == loads
+
+
+@pytest.mark.parametrize("snapshotted", [True, False])
+def test_a_tail_whose_merge_would_loop_is_refused_as_the_daemon_refuses_it(
+    snapshotted: bool,
+) -> None:
+    """Inverted batches that make the merge cycle stop the daemon's load; they stop the
+    fold too, whether the key's tail starts with a snapshot (folded into one) or with an
+    update (kept as it is)."""
+    created = [StateBatch(5, 10, 0, 1)]
+    head: object = snapshot(state_batches=created)
+    if not snapshotted:
+        head = ShareUpdate(KEY, 0, 0, 0, created, -1)
+    records = [raw(0, head), raw(1, ShareUpdate(KEY, 0, 0, -1, [StateBatch(8, 3, 0, 2)], -1))]
+    with pytest.raises(ValueError, match="inverted"):
+        replayed(records)
+    with pytest.raises(ValueError, match="inverted"):
+        fold_records(records, tombstone_cutoff_ms=NO_CUTOFF)
 
 
 def test_an_update_with_a_null_value_is_refused_even_when_a_snapshot_follows() -> None:
