@@ -249,6 +249,13 @@ def _lazy_state(entry: _Key) -> KeyState:
     if _inverted(head.state_batches):
         return _fold_tail(entry)
     leader_fence, state_fence, snapshot_offset = _head_fences(entry, tail[0], head)
+    # What the fold reads: the first record, then only the values of the updates (their
+    # offsets, timestamps and key copies are for the checks, done here). A node holds
+    # every partition's lazy tails until the background fold: whole records took
+    # ~500 more resident bytes per share-partition for good (the heap the fold frees
+    # is left in pieces among the state it builds).
+    lazy: list[Any] = [tail[0]]
+    keep = lazy.append
     for record in tail[1:]:
         value = _decoded(record)
         flat = value.state_batches
@@ -257,8 +264,9 @@ def _lazy_state(entry: _Key) -> KeyState:
             return _fold_tail(entry)
         if value.leader_epoch > leader_fence:  # noqa: PLR1730 (a call per record costs)
             leader_fence = value.leader_epoch
+        keep(record[4])
     return LazyKeyState(
-        tail,  # type: ignore[arg-type]  # the state slot holds the tail until the fold
+        lazy,  # type: ignore[arg-type]  # the state slot holds the tail until the fold
         leader_fence,
         state_fence,
         tail[0][3],
@@ -333,8 +341,9 @@ class LazyKeyState(KeyState, gc=False):
     that finishes after the state has moved on is dropped (``_fold_now``)."""
 
 
-def _unfolded_tail(entry: KeyState) -> list[RawRecord] | None:
-    """The tail ``entry`` still has to fold; None for a folded one."""
+def _unfolded_tail(entry: KeyState) -> list[Any] | None:
+    """The tail ``entry`` still has to fold (``_lazy_state``: its first record, then the
+    updates' values); None for a folded one."""
     if entry.__class__ is not LazyKeyState:
         return None
     raw = _STATE_SLOT.__get__(entry, KeyState)
@@ -354,7 +363,7 @@ def fold_is_long(entry: KeyState) -> bool:
         return False
     if len(tail) > INLINE_FOLD_RECORDS:
         return True
-    return sum(len(record[4] or b"") for record in tail) > INLINE_FOLD_BYTES
+    return len(tail[0][4] or b"") + sum(map(len, tail[1:])) > INLINE_FOLD_BYTES
 
 
 def fold(entry: KeyState) -> None:
@@ -374,8 +383,13 @@ _FOLD_LOCK = threading.Lock()
 def _fold_now(entry: KeyState) -> ShareGroupOffset:
     raw = _STATE_SLOT.__get__(entry, KeyState)
     if type(raw) is list:
-        head = _decoded(raw[0])
-        state, clean, _ = _fold(raw, head, entry.leader_fence)
+        first = raw[0]
+        state, clean, _ = fold_values(
+            _decoded(first),
+            map(decode_update_value, raw[1:]),  # checked by the load already
+            entry.leader_fence,
+            snapshot=first[2] == SNAPSHOT_RECORD_TYPE,
+        )
         with _FOLD_LOCK:
             if _STATE_SLOT.__get__(entry, KeyState) is raw:
                 _CLEAN_SLOT.__set__(entry, clean)

@@ -164,6 +164,11 @@ def test_a_lazy_load_leaves_the_merges_to_the_first_reader() -> None:
         expected.update_count,
     )
     assert entry.snapshot_offset == expected.snapshot_offset == 0
+    # Until then it keeps its first record and the updates' values, nothing more of
+    # them: a node holds every key's tail until the background fold gets to it.
+    tail = protocol.loading._unfolded_tail(entry)
+    assert tail is not None and tail[0] == records[0]
+    assert tail[1:] == [record[4] for record in records[1:]]
     assert isinstance(entry.state, ShareGroupOffset)
     assert type(entry) is KeyState and protocol.loading.unfolded_records(entry) == 0
     assert entry == expected
@@ -188,20 +193,20 @@ def test_a_fold_that_finishes_after_the_state_moved_on_is_dropped() -> None:
     key, records = _written_log(12)
     state = loaded(records, 500, lazy=True)
     entry = state.keys[key]
-    real_fold = protocol.loading._fold
+    real_fold = protocol.loading.fold_values
     moved_on = ShareGroupOffset(9, 9, 9, 9, 9, 9, (), -1)
 
-    def fold_while_another_folds_and_writes(*args):  # type: ignore[no-untyped-def]
-        protocol.loading._fold = real_fold
+    def fold_while_another_folds_and_writes(*args, **kwargs):  # type: ignore[no-untyped-def]
+        protocol.loading.fold_values = real_fold
         _ = entry.state  # the other thread's fold, finished first
         entry.state = moved_on  # and its write
-        return real_fold(*args)
+        return real_fold(*args, **kwargs)
 
-    protocol.loading._fold = fold_while_another_folds_and_writes
+    protocol.loading.fold_values = fold_while_another_folds_and_writes
     try:
         assert entry.state is moved_on
     finally:
-        protocol.loading._fold = real_fold
+        protocol.loading.fold_values = real_fold
     assert type(entry) is KeyState and entry.state is moved_on
 
 

@@ -124,13 +124,14 @@ def test_a_request_that_first_touches_a_long_tail_folds_it_off_the_loop(
 ) -> None:
     path, replayed = data
     folded_on: dict[int, str] = {}
-    real_fold = protocol.loading._fold
+    real_fold = protocol.loading.fold_values
 
-    def fold(tail, head, leader_fence):  # type: ignore[no-untyped-def]
-        folded_on[len(tail)] = threading.current_thread().name
-        return real_fold(tail, head, leader_fence)
+    def fold(head, updates, leader_fence, *, snapshot):  # type: ignore[no-untyped-def]
+        updates = list(updates)
+        folded_on[len(updates) + 1] = threading.current_thread().name  # records folded
+        return real_fold(head, updates, leader_fence, snapshot=snapshot)
 
-    monkeypatch.setattr(protocol.loading, "_fold", fold)
+    monkeypatch.setattr(protocol.loading, "fold_values", fold)
 
     async def run(log: StateLog) -> None:
         folds = BackgroundFolds()
