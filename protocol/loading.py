@@ -252,7 +252,7 @@ def _lazy_state(entry: _Key) -> KeyState:
     # What the fold reads: the first record, then only the values of the updates (their
     # offsets, timestamps and key copies are for the checks, done here). A node holds
     # every partition's lazy tails until the background fold: whole records took
-    # ~500 more resident bytes per share-partition for good (the heap the fold frees
+    # ~430 more resident bytes per share-partition for good (the heap the fold frees
     # is left in pieces among the state it builds).
     lazy: list[Any] = [tail[0]]
     keep = lazy.append
