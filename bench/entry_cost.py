@@ -4,9 +4,11 @@
 
 Decode the bench's write bodies (msgpack), run every entry through the service's
 path (route, shard rule, record, frame into the partition's buffer, replay), and encode
-the answer: everything a write costs the event loop but the HTTP framing and the group
-commit. The partitions' pending frames are taken after every request, as a commit
-would, and dropped. Reported in µs of CPU per share-partition entry.
+the answer: what a write costs the event loop but the HTTP framing, the group commit,
+and the service's bookkeeping around each entry (its status checks, and placing its
+result for the durability wait). After each request the pending frames of the
+partitions it appended to are taken, as a commit cycle takes its dirty set, and
+dropped. Reported in µs of CPU per share-partition entry.
 """
 
 from __future__ import annotations
