@@ -356,15 +356,13 @@ class PartitionRuntime:
                         await self._offload(functools.partial(fold, pending[at]))
                         at += 1
                     else:
-                        # At least one key a turn, however short the slice.
+                        # At least one key a turn (this one is short), however short
+                        # the slice; then on to the first long tail, which goes off the loop.
                         until = clock() + FOLD_SLICE_S
-                        while at < len(pending):
-                            entry = pending[at]
-                            if fold_is_long(entry):
-                                break
-                            fold(entry)
+                        while True:
+                            fold(pending[at])
                             at += 1
-                            if clock() >= until:
+                            if at == len(pending) or clock() >= until or fold_is_long(pending[at]):
                                 break
                     self.keys_unfolded = len(pending) - at
                     # A turn of the loop for everyone else, before the next fold's slice:
