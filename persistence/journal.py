@@ -133,6 +133,15 @@ class JournalRecord:
 
 
 @dataclass(frozen=True)
+class UnsyncedRecord:
+    """A record prepared for the current segment, not durable yet (Journal.prepare)."""
+
+    fd: int
+    lsn: int
+    data: bytes
+
+
+@dataclass(frozen=True)
 class PartitionCheckpoint:
     """How far one partition is on disk: its segment ``segment`` is fsynced up to byte
     ``size``, where the record of offset ``next_offset`` would begin; every frame of the
@@ -453,7 +462,9 @@ def next_free_lsn(fs: FileOps, directory: str) -> int:
 
 
 class Journal:
-    """Appends records (in the commit thread) to pre-created segments.
+    """Appends records to pre-created segments: ``append`` in the commit thread, or
+    ``prepare``/``write``/``synced`` from the event loop for a record that fits the
+    current segment, flushed by the kernel (kernel_flush.py). One record at a time.
 
     After a failed write or fdatasync the segment is never appended to again: the
     failed record is erased (zeroed and synced) and the next record goes to a fresh
@@ -522,18 +533,46 @@ class Journal:
         size = record_size(entries)
         if self._fd is None or self._position + size > self._capacity:
             self._roll(size)
-        lsn = self.end_lsn
-        record = encode_record(lsn, entries)
-        assert self._fd is not None
+        record = self.prepare(entries)
+        assert record is not None
         try:
-            self._fs.pwrite_all(self._fd, record, self._position)
-            self._fs.fdatasync(self._fd)
+            self.write(record)
+            self._fs.fdatasync(record.fd)
         except BaseException:
-            self._abandon_segment(len(record))
+            self.abandon(record)
             raise
-        self._position += len(record)
-        self.bytes_written += len(record)
-        return JournalRecord(lsn, lsn + len(record), ())
+        return self.synced(record)
+
+    def prepare(self, entries: Sequence[EntryFrames]) -> UnsyncedRecord | None:
+        """The next record, encoded for the current segment, for a caller that writes
+        and flushes it itself (``write``, its own fdatasync of ``fd``, then ``synced``,
+        or ``abandon`` if either failed); or None when only ``append`` can take it (no
+        segment yet, a roll, a failed record not erased: each creates or syncs files)."""
+        if self._unerased is not None or self._fd is None:
+            return None
+        if self._position + record_size(entries) > self._capacity:
+            return None
+        lsn = self.end_lsn
+        return UnsyncedRecord(self._fd, lsn, encode_record(lsn, entries))
+
+    def write(self, record: UnsyncedRecord) -> None:
+        """Write the prepared record, without its flush (the page cache only)."""
+        assert record.lsn == self.end_lsn, "one record in flight at a time"
+        self._fs.pwrite_all(record.fd, record.data, self._position)
+
+    def synced(self, record: UnsyncedRecord) -> JournalRecord:
+        """The record's flush returned: it is durable, and the next goes after it."""
+        assert record.lsn == self.end_lsn, "one record in flight at a time"
+        length = len(record.data)
+        self._position += length
+        self.bytes_written += length
+        return JournalRecord(record.lsn, record.lsn + length, ())
+
+    def abandon(self, record: UnsyncedRecord) -> None:
+        """Its write or flush failed: erase what it may have put down and leave the
+        segment (_abandon_segment). Writes and syncs: not on the event loop."""
+        assert record.lsn == self.end_lsn, "one record in flight at a time"
+        self._abandon_segment(len(record.data))
 
     def _roll(self, size: int) -> None:
         # The first append takes the segment the journal starts at; later ones the next.

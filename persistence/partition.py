@@ -1,15 +1,17 @@
 """One state partition's log: DATA/partitions/<p>/, its segments, appends, recovery.
 
 Threads: append() and take_pending() belong to the event loop's thread (they only touch
-memory). write_batch(), prune(), commit_staged(), reset_to_durable() and open() may run
-in other threads; they take the partition's lock, which guards the segment list and
+memory), and so does try_apply() (a page-cache write, only if the lock is free).
+write_batch(), apply_batch(), prune(), commit_staged(), reset_to_durable() and open() may
+run in other threads; they take the partition's lock, which guards the segment list and
 every file operation. The lock is held across a batch's write and fdatasync, so a reader
-that snapshots the segments under it sees exactly the durable bytes.
+that snapshots the segments under it sees exactly the bytes written.
 
-Durability: `durable_end_offset` only moves after an fdatasync returned, and a roll
-fsyncs the full segment before creating the next one, so only the newest segment can
-ever end in a torn write. Recovery relies on that: damage in an older segment, or
-valid frames after damage, is never a torn tail.
+Durability: `durable_end_offset` only moves after an fdatasync returned (the partition's
+own, or with a journal the journal's: `journaled`, which may run a cycle ahead of the
+files), and a roll fsyncs the full segment before creating the next one, so only the
+newest segment can ever end in a torn write. Recovery relies on that: damage in an
+older segment, or valid frames after damage, is never a torn tail.
 """
 
 from __future__ import annotations
@@ -364,17 +366,37 @@ class PartitionLog:
         _discard_unsynced)."""
         self._write(batch, sync=True)
 
+    def journaled(self, batch: PendingBatch) -> None:
+        """The batch's journal record is durable, and so is the batch, whatever its
+        files say yet (the event loop, or the commit thread: whoever flushed it)."""
+        self._durable_end_offset = batch.end_offset
+
     def apply_batch(self, batch: PendingBatch) -> None:
-        """Write a batch whose journal record is durable, without fsync (the commit
-        thread, right after the journal's fdatasync). A roll still fsyncs the segment it
-        seals. On failure the batch is durable all the same (its waiters are answered),
-        but the partition stops until reset_to_durable repairs its files from the
-        journal."""
+        """Write a batch whose journal record is durable (``journaled``), without fsync
+        (the commit thread; with the kernel's flush, after the batch was answered). A
+        roll still fsyncs the segment it seals. On failure the partition stops until
+        reset_to_durable repairs its files from the journal."""
+        self._write(batch, sync=False)
+
+    def try_apply(self, batch: PendingBatch) -> bool:
+        """apply_batch, if it needs no wait and no sync: the lock is free, the batch fits
+        the active segment (a roll syncs and creates files), the partition runs. For the
+        event loop, whose writes reach the page cache only. False: nothing was done, and
+        apply_batch (the commit thread) must."""
+        if not self._lock.acquire(blocking=False):
+            return False
         try:
-            self._write(batch, sync=False)
-        except BaseException:
-            self._durable_end_offset = batch.end_offset
-            raise
+            if (
+                self._active_fd is None
+                or self._failure is not None
+                or batch.generation != self._generation
+                or self._segments[-1].size + len(batch.data) > self.segment_bytes
+            ):
+                return False  # apply_batch does it, or raises what is wrong
+            self._write_locked(batch, sync=False)
+            return True
+        finally:
+            self._lock.release()
 
     def _write(self, batch: PendingBatch, *, sync: bool) -> None:
         with self._lock:
@@ -382,15 +404,18 @@ class PartitionLog:
                 raise LogError(f"{self!r}: batch taken before a reset; its appends are gone")
             if self._failure is not None:
                 raise PartitionFailedError(self.partition, self._failure)
-            try:
-                self._write_frames(batch, sync)
-            except BaseException as exc:
-                self._failure = exc
-                if sync:
-                    self._discard_unsynced()
-                raise
-            finally:
-                self._publish()
+            self._write_locked(batch, sync=sync)
+
+    def _write_locked(self, batch: PendingBatch, *, sync: bool) -> None:
+        try:
+            self._write_frames(batch, sync)
+        except BaseException as exc:
+            self._failure = exc
+            if sync:
+                self._discard_unsynced()
+            raise
+        finally:
+            self._publish()
 
     def fail(self, cause: BaseException) -> None:
         """Stop taking appends (the journal record of its pending batch failed):
@@ -445,8 +470,9 @@ class PartitionLog:
         if sync:
             self._fs.fdatasync(self._active_fd)
             self._synced = (active.base_offset, active.size, last_offset + 1)
+            self._durable_end_offset = last_offset + 1
+        # Without a sync the journal made it durable (journaled), maybe a cycle ahead.
         self._durable_base, self._durable_size = active.base_offset, active.size
-        self._durable_end_offset = last_offset + 1
 
     def _roll(self, base_offset: int) -> None:
         """Start a new segment. The full one is fsynced first (by the flush before it

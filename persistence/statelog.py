@@ -61,6 +61,7 @@ from persistence.fileops import FileOps, is_disk_full, read_file, write_file_ato
 from persistence.journal import (
     DEFAULT_JOURNAL_SEGMENT_BYTES,
     Checkpoint,
+    EntryFrames,
     Journal,
     JournalEntry,
     PartitionCheckpoint,
@@ -484,38 +485,89 @@ class StateLog:
         journal record for every batch and one fdatasync, then each batch into its
         partition's files. A journal failure fails every batch (they shared the flush)
         and stops their partitions; a partition's own write failure after it is that
-        partition's alone, and its batch is durable all the same."""
+        partition's alone, and its batch is durable all the same. (The committer's
+        kernel flush does the same in steps: cycle_entries, the journal's prepare,
+        write and synced, then journaled and apply_cycle.)"""
         assert self.journal is not None, "only a writable open commits"
-        logs = [self._partitions[p] for p, _ in batches]
-        errors: list[BaseException | None] = [None] * len(batches)
-        for index, (log, (_, batch)) in enumerate(zip(logs, batches, strict=True)):
-            if batch.generation != log.generation:
-                # Its partition was reset after the batch was taken (resets run in this
-                # thread, between cycles): its appends are gone, and must not be journaled.
-                errors[index] = LogError(f"{log!r}: batch taken before a reset")
-        entries = [
-            (p, b.first_offset, len(b.ends), b.data)
-            for (p, b), error in zip(batches, errors, strict=True)
-            if error is None
-        ]
+        errors, entries = self.cycle_entries(batches)
         started = time.perf_counter()
         try:
             if entries:
                 self.journal.append(entries)
         except BaseException as exc:  # every batch of the cycle shared this flush
-            for log in logs:
-                log.fail(exc)
-            return CycleResult([exc] * len(batches), exc, time.perf_counter() - started)
+            return self.fail_cycle(batches, exc, time.perf_counter() - started)
         seconds = time.perf_counter() - started
         end_lsn = self.journal.end_lsn
-        for index, (log, (_, batch)) in enumerate(zip(logs, batches, strict=True)):
+        self.journaled(batches, errors)
+        return CycleResult(self.apply_cycle(batches, errors), None, seconds, end_lsn)
+
+    def cycle_entries(
+        self, batches: Sequence[tuple[int, PendingBatch]]
+    ) -> tuple[list[BaseException | None], list[EntryFrames]]:
+        """What a cycle journals: per batch, None or why it may not be (its partition
+        was reset after it was taken), and the entries of those that may."""
+        errors: list[BaseException | None] = [None] * len(batches)
+        entries: list[EntryFrames] = []
+        for index, (partition, batch) in enumerate(batches):
+            log = self._partitions[partition]
+            if batch.generation != log.generation:
+                # Its partition was reset after the batch was taken (resets run in the
+                # commit thread, between cycles): its appends are gone, and must not be
+                # journaled.
+                errors[index] = LogError(f"{log!r}: batch taken before a reset")
+            else:
+                entries.append((partition, batch.first_offset, len(batch.ends), batch.data))
+        return errors, entries
+
+    def fail_cycle(
+        self, batches: Sequence[tuple[int, PendingBatch]], cause: BaseException, seconds: float
+    ) -> CycleResult:
+        """The cycle's journal record failed: every batch with it, and their partitions
+        stop until they reload."""
+        for partition, _ in batches:
+            self._partitions[partition].fail(cause)
+        return CycleResult([cause] * len(batches), cause, seconds)
+
+    def journaled(
+        self, batches: Sequence[tuple[int, PendingBatch]], errors: Sequence[BaseException | None]
+    ) -> None:
+        """The cycle's journal record is durable: so is every batch in it."""
+        for (partition, batch), error in zip(batches, errors, strict=True):
+            if error is None:
+                self._partitions[partition].journaled(batch)
+
+    def apply_what_can_be(
+        self, batches: Sequence[tuple[int, PendingBatch]], errors: list[BaseException | None]
+    ) -> list[int]:
+        """On the event loop: write each journaled batch that needs neither a wait nor a
+        sync into its partition's files (PartitionLog.try_apply), its failure into
+        ``errors``; the indices of those left for apply_cycle (the commit thread)."""
+        left = []
+        for index, (partition, batch) in enumerate(batches):
             if errors[index] is not None:
                 continue
             try:
-                log.apply_batch(batch)
-            except BaseException as exc:  # reported per partition, never lost
+                if not self._partitions[partition].try_apply(batch):
+                    left.append(index)
+            except BaseException as exc:  # durable all the same: reported, never lost
                 errors[index] = exc
-        return CycleResult(errors, None, seconds, end_lsn)
+        return left
+
+    def apply_cycle(
+        self, batches: Sequence[tuple[int, PendingBatch]], errors: Sequence[BaseException | None]
+    ) -> list[BaseException | None]:
+        """Write each journaled batch into its partition's files (commit thread):
+        ``errors`` with each partition's own failure added (its batch is durable all
+        the same: it is reported, never lost)."""
+        applied = list(errors)
+        for index, (partition, batch) in enumerate(batches):
+            if applied[index] is not None:
+                continue
+            try:
+                self._partitions[partition].apply_batch(batch)
+            except BaseException as exc:
+                applied[index] = exc
+        return applied
 
     def close(self) -> None:
         """Close every partition and release DATA/LOCK. Writable: a last checkpoint
