@@ -10,6 +10,12 @@ A cycle:
   3. (event loop) resolve the waiters whose offsets are now durable. A journal failure
      fails every waiter of the cycle (they shared the flush) and stops those partitions
      until they reload; a partition's own write failure fails that partition alone.
+With the kernel's flush (kernel_flush.py, Linux), step 2 changes where a record fits
+the journal's current segment: the event loop writes the record (the page cache) and
+the kernel runs its fdatasync, the waiters are answered when it ends, and the partition
+files are written after, in the commit thread (an answer never waited for them: a
+batch whose record is durable is answered even if its files then fail). Anything else
+(a roll, a failed record to erase) takes the commit thread as above.
 Appends and waits arriving while a cycle is in flight mark their partitions dirty and
 the next cycle starts as soon as this one ends: batching comes from the fsync time
 itself, with no sleep on the path (but Kafka's append linger, when set).
@@ -40,21 +46,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import Generic, TypeVar, cast
 
 from persistence.errors import DurabilityError, LogError, PartitionFailedError
 from persistence.fileops import is_disk_full
 from persistence.journal import Journal
+from persistence.kernel_flush import KernelFlush
+from persistence.partition import PendingBatch
 from persistence.readiness import DiskFullCallback, JournalReadiness
 from persistence.room import RoomWatch
 from persistence.statelog import StateLog
-from persistence.store import BatchT, StateStore
+from persistence.store import BatchT, CycleResult, StateStore
 
 _log = logging.getLogger("sharecoord.log")
 
@@ -116,6 +125,7 @@ class GroupCommitter(Generic[BatchT]):
         journal_max_bytes: int = DEFAULT_JOURNAL_MAX_BYTES,
         on_disk_full: DiskFullCallback | None = None,
         room: RoomWatch | None = None,
+        kernel_flush: bool = True,
     ) -> None:
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
@@ -136,6 +146,19 @@ class GroupCommitter(Generic[BatchT]):
         self._checkpoint_interval_s = checkpoint_interval_ms / 1000
         self._checkpoint_bytes = checkpoint_bytes
         self._journal_max_bytes = journal_max_bytes
+        # The journal's flush by the kernel (kernel_flush.py), where the files allow it
+        # (the tests' fault-injecting ones fail their calls in the commit thread).
+        self._use_kernel_flush = (
+            kernel_flush and local is not None and local.fs.allows_kernel_flush()
+        )
+        self._kernel_flush: KernelFlush | None = None
+        # Held by a cycle and by run_exclusive's job: a reset never runs while a cycle
+        # checks its batches' generations on the event loop.
+        self._cycle_lock: asyncio.Lock | None = None
+        # The last cycle's partition files still being written (kernel flush), and
+        # what such writes failed, for the next cycle boundary.
+        self._applying: asyncio.Future[list[BaseException | None]] | None = None
+        self._apply_failures: list[tuple[int, BaseException]] = []
         self._executor: ThreadPoolExecutor | None = None
         self._checkpointer: ThreadPoolExecutor | None = None
         self._wakeup: asyncio.Event | None = None
@@ -168,7 +191,13 @@ class GroupCommitter(Generic[BatchT]):
             raise RuntimeError("GroupCommitter already started")
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-commit")
         self._wakeup = asyncio.Event()
+        self._cycle_lock = asyncio.Lock()
         loop = asyncio.get_running_loop()
+        if self._use_kernel_flush:
+            self._kernel_flush = KernelFlush.open()
+            if self._kernel_flush is not None:
+                self._kernel_flush.start(loop)
+                _log.info("journal flush: by the kernel (Linux AIO)")
         self._task = loop.create_task(self._run(), name="group-commit")
         if self._journal is not None:
             self._applied_lsn = self._journal.end_lsn
@@ -179,6 +208,12 @@ class GroupCommitter(Generic[BatchT]):
         # The journal's first segments, ahead of the first cycle (and the end of the
         # data directory's open, if a full disk held it back).
         self._readiness.start(self._checkpointer)
+
+    @property
+    def kernel_flushes(self) -> int | None:
+        """Journal flushes the kernel finished, or None while the commit thread does
+        them all (no kernel flush here, or it was turned off)."""
+        return None if self._kernel_flush is None else self._kernel_flush.flushes
 
     @property
     def journal_bytes(self) -> int:
@@ -220,6 +255,11 @@ class GroupCommitter(Generic[BatchT]):
         try:
             await self._task
         finally:
+            if self._applying is not None:
+                await asyncio.gather(self._applying, return_exceptions=True)
+                self._settle_applied()
+            if self._kernel_flush is not None:
+                self._kernel_flush.close()
             if self._ticker is not None:
                 self._ticker.cancel()
             if self._readiness is not None:
@@ -302,6 +342,7 @@ class GroupCommitter(Generic[BatchT]):
                 if self._linger_s and not self._closing:
                     await asyncio.sleep(self._linger_s)
                 self._wakeup.clear()
+                self._settle_applied()
                 if self._dirty:
                     dirty, self._dirty = self._dirty, set()
                     await self._cycle(sorted(dirty))
@@ -349,7 +390,19 @@ class GroupCommitter(Generic[BatchT]):
         loop = asyncio.get_running_loop()
         journal = self._journal
         rolled_from = None if journal is None else journal.spare_lsn
-        result = await loop.run_in_executor(self._executor, self._log.commit_cycle, batches)
+        assert self._cycle_lock is not None
+        async with self._cycle_lock:
+            flushed = None
+            if self._kernel_flush is not None:
+                # Shielded: once the record is written, its cycle ends whatever
+                # happens to this task (as the commit thread's does).
+                flushed = await asyncio.shield(self._flush_in_kernel(batches))
+            if flushed is None:
+                result = await loop.run_in_executor(self._executor, self._log.commit_cycle, batches)
+                applied = True
+            else:
+                # Not applied: the commit thread writes some files yet (_applied).
+                result, applied = flushed
         shared = result.shared
         if shared is not None and is_disk_full(shared) and self._readiness is not None:
             self._readiness.refused(shared)
@@ -362,7 +415,7 @@ class GroupCommitter(Generic[BatchT]):
             # if its partition's files then failed (the partition stops and repairs
             # itself from the journal).
             self._release(partition)
-            if error is None or error is not shared:
+            if applied and (error is None or error is not shared):
                 self._unsynced.add(partition)
             if error is not None:
                 cause = error.cause if isinstance(error, PartitionFailedError) else error
@@ -373,6 +426,95 @@ class GroupCommitter(Generic[BatchT]):
             self._readiness.make_ready()
         if journal.bytes_written - self._journal_bytes_at_checkpoint >= self._checkpoint_bytes:
             self._start_checkpoint()
+
+    async def _flush_in_kernel(
+        self, batches: list[tuple[int, BatchT]]
+    ) -> tuple[CycleResult, bool] | None:
+        """The cycle's journal record written from here and flushed by the kernel; then
+        its partition files written, here where that needs no wait, else in the commit
+        thread (_applied hears how that went). With whether the files are all written.
+        None, having written nothing, when the record needs the commit thread
+        (commit_cycle): no segment yet, a roll, a failed record to erase."""
+        local, journal, flush = self._local, self._journal, self._kernel_flush
+        assert local is not None
+        assert journal is not None
+        assert flush is not None
+        local_batches = cast("list[tuple[int, PendingBatch]]", batches)
+        errors, entries = local.cycle_entries(local_batches)
+        record = journal.prepare(entries) if entries else None
+        if record is None:
+            return None
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            journal.write(record)
+            try:
+                flushed = flush.fdatasync(record.fd)
+            except OSError as exc:
+                # The kernel will not take it (no FDSYNC in this kernel, say): the
+                # commit thread flushes this record and every one after it.
+                _log.warning("journal flush: in the commit thread from now on (%s)", exc)
+                self._kernel_flush = None
+                flush.close()
+                await loop.run_in_executor(self._executor, local.fs.fdatasync, record.fd)
+            else:
+                await flushed
+                local.fs.flushed(record.fd)
+        except OSError as exc:
+            seconds = time.perf_counter() - started
+            await loop.run_in_executor(self._executor, journal.abandon, record)
+            return local.fail_cycle(local_batches, exc, seconds), True
+        seconds = time.perf_counter() - started
+        journal.synced(record)
+        local.journaled(local_batches, errors)
+        if self._applying is None or self._applying.done():
+            # Page-cache writes, here; what would wait (a lock taken, a roll) is left.
+            left = local.apply_what_can_be(local_batches, errors)
+        else:  # the thread is still at an earlier cycle's: after it, in order
+            left = [index for index, error in enumerate(errors) if error is None]
+        if not left:
+            return CycleResult(errors, None, seconds, journal.end_lsn), True
+        rest = [local_batches[index] for index in left]
+        applying = loop.run_in_executor(self._executor, local.apply_cycle, rest, [None] * len(rest))
+        applying.add_done_callback(
+            functools.partial(
+                self._applied, [p for p, _ in batches], [p for p, _ in rest], journal.end_lsn
+            )
+        )
+        self._applying = applying
+        return CycleResult(errors, None, seconds), False
+
+    def _applied(
+        self,
+        partitions: list[int],
+        left: list[int],
+        end_lsn: int,
+        applying: asyncio.Future[list[BaseException | None]],
+    ) -> None:
+        """The partition files a kernel-flushed cycle left to the commit thread are
+        written: what a checkpoint may count from now on (every partition of the cycle
+        has unsynced frames), and the partitions whose files failed."""
+        if applying.cancelled():
+            return
+        failure = applying.exception()
+        if failure is not None:  # a bug: apply_cycle reports each partition's own
+            _log.error("writing a cycle's partition files failed: %r", failure)
+            return
+        self._applied_lsn = end_lsn
+        self._unsynced.update(partitions)
+        for partition, error in zip(left, applying.result(), strict=True):
+            if error is not None:
+                # Stopped already (its files refuse writes); its waiters hear it at
+                # the next cycle boundary, where no cycle holds a batch of it.
+                self._apply_failures.append((partition, error))
+        if self._apply_failures and self._wakeup is not None:
+            self._wakeup.set()
+
+    def _settle_applied(self) -> None:
+        failures, self._apply_failures = self._apply_failures, []
+        for partition, error in failures:
+            cause = error.cause if isinstance(error, PartitionFailedError) else error
+            self._partition_failed(partition, cause or error)
 
     # -- checkpoints -------------------------------------------------------------------
 
@@ -463,9 +605,10 @@ class GroupCommitter(Generic[BatchT]):
     async def run_exclusive(self, job: Callable[[], T]) -> T:
         """Run `job` in the commit thread, between cycles: a partition's reset there
         never overlaps a cycle that carries one of its batches."""
-        if self._executor is None or self._executor._shutdown:
+        if self._executor is None or self._executor._shutdown or self._cycle_lock is None:
             return await asyncio.to_thread(job)
-        return await asyncio.get_running_loop().run_in_executor(self._executor, job)
+        async with self._cycle_lock:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, job)
 
     def _report(self, partition: int, cause: BaseException) -> None:
         if self._reported.get(partition) is cause:

@@ -111,6 +111,17 @@ class FileOps:
     def fdatasync(self, fd: int) -> None:
         _fdatasync(fd)
 
+    def allows_kernel_flush(self) -> bool:
+        """Whether the journal's fdatasync may go to the kernel (kernel_flush.py)
+        rather than through fdatasync() here. Plain files only: a subclass that
+        fails or holds fdatasync (the tests') keeps it; one that only watches says
+        yes, and hears of each such flush through flushed()."""
+        return type(self) is FileOps
+
+    def flushed(self, fd: int) -> None:
+        """The kernel finished an fdatasync of ``fd`` (a journal segment) for the
+        committer (allows_kernel_flush)."""
+
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:

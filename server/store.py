@@ -138,6 +138,7 @@ class LocalStore:
             journal_max_bytes=config.journal_max_bytes,
             on_disk_full=on_disk_full,
             room=room,
+            kernel_flush=config.journal_flush == "kernel",
         )
         metrics.journal_bytes.set_function(lambda: committer.journal_bytes)
         return cls(log, committer, room, config.data_dir)

@@ -398,6 +398,16 @@ class ServeConfig:
             "writes that arrive during an fsync share the next one already",
         ),
     )
+    journal_flush: str = setting(
+        "kernel",
+        parse_word,
+        one_of("kernel", "thread"),
+        doc="Who runs the journal's fdatasync. `kernel`: Linux AIO runs it and tells the event "
+        "loop when it ends, with no thread on the path (where the kernel has no AIO flush, the "
+        "log says why and the commit thread does it). `thread`: always the commit thread.",
+        meaning="`kernel` (Linux AIO; else the commit thread) or `thread`",
+        metavar="WHO",
+    )
     request_timeout_s: float = _seconds(
         60.0,
         positive,

@@ -13,7 +13,10 @@ Environment (test_crash_steps.py): SHARECOORD_KILL_AT="<call>:<path part>:<nth>:
 makes the process SIGKILL itself at the nth call of that FileOps method on a path
 containing the part, before or after the call happens (it says so on stderr first);
 SHARECOORD_RECOVER_ONLY=1 stops after recovery; SHARECOORD_JOURNAL_SEGMENT_BYTES and
-SHARECOORD_CHECKPOINT_BYTES shrink the journal's segments and checkpoint cadence.
+SHARECOORD_CHECKPOINT_BYTES shrink the journal's segments and checkpoint cadence;
+SHARECOORD_THREAD_FLUSH=1 keeps the journal's flushes in the commit thread (else the
+kernel's, persistence/kernel_flush.py, go through flushed(): killed at and reported as
+fdatasync).
 """
 
 from __future__ import annotations
@@ -123,6 +126,15 @@ class ReportingFileOps(FileOps):
 
     def fdatasync(self, fd: int) -> None:
         self._hooked("fdatasync", self._path(fd), lambda: FileOps.fdatasync(self, fd))
+        self._report(fd)
+
+    def allows_kernel_flush(self) -> bool:
+        # The journal's flushes by the kernel come through flushed(): killed at, and
+        # reported, as fdatasync is.
+        return os.environ.get("SHARECOORD_THREAD_FLUSH") != "1"
+
+    def flushed(self, fd: int) -> None:
+        self._hooked("fdatasync", self._path(fd), lambda: None)
         self._report(fd)
 
     def _report(self, fd: int) -> None:

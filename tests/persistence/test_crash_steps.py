@@ -1,7 +1,8 @@
 """SIGKILL at every step the journal takes: a commit cycle (the journal record's write
-and fdatasync, the partitions' writes), a segment roll, a checkpoint (the partitions'
-fsync, CHECKPOINT's temp file, rename and directory fsync, deleting journal segments),
-creating a journal segment ahead of need, and recovery itself.
+and fdatasync, by the kernel or the commit thread, the partitions' writes), a segment
+roll, a checkpoint (the partitions' fsync, CHECKPOINT's temp file, rename and directory
+fsync, deleting journal segments), creating a journal segment ahead of need, and
+recovery itself.
 
 The child (crash_child.py) kills itself at the nth call of one FileOps method on a
 path, before or after the call. After each kill: every record it acknowledged is there
@@ -148,8 +149,14 @@ def check(data_dir: str, model: Acknowledged[tuple[int, int], str]) -> None:
     CYCLE + ROLL + CHECKPOINT + PRE_CREATION,
     ids=lambda k: "-".join(map(str, k)),
 )
-def test_a_kill_at_every_step_loses_nothing_acknowledged(data_dir: str, kill_at) -> None:
-    model, acknowledged = parse(run_child(data_dir, kill_at))
+@pytest.mark.parametrize("flush", ["kernel", "thread"])
+def test_a_kill_at_every_step_loses_nothing_acknowledged(
+    data_dir: str, kill_at, flush: str
+) -> None:
+    # The journal's flush by the kernel (kernel_flush.py) or by the commit thread: the
+    # same steps, the child reports and dies at the kernel's as at fdatasync's.
+    extra = {"SHARECOORD_THREAD_FLUSH": "1"} if flush == "thread" else {}
+    model, acknowledged = parse(run_child(data_dir, kill_at, **extra))
     assert acknowledged or kill_at[0] == "write", "nothing was acknowledged before the kill"
     check(data_dir, model)
 

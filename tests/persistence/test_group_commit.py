@@ -472,9 +472,13 @@ async def test_a_failed_checkpoint_fsync_keeps_the_journal_and_stops_that_partit
 class _HeldSyncs(FaultInjectingFileOps):
     """Holds the fdatasync of one partition's files until released."""
 
-    def __init__(self, held: str) -> None:
+    def __init__(self, held: str, *, kernel_flush: bool = False) -> None:
         super().__init__()
         self.held, self.reached, self.release = held, threading.Event(), threading.Event()
+        self.kernel_flush = kernel_flush
+
+    def allows_kernel_flush(self) -> bool:
+        return self.kernel_flush  # it holds writes only, never a flush
 
     def fdatasync(self, fd: int) -> None:
         if self.held in self.path_of(fd):
@@ -583,9 +587,13 @@ class _HeldWrites(FaultInjectingFileOps):
     """Holds every write to one partition's files until released (the journal's writes
     and all fdatasyncs go on)."""
 
-    def __init__(self, held: str) -> None:
+    def __init__(self, held: str, *, kernel_flush: bool = False) -> None:
         super().__init__()
         self.held, self.reached, self.release = held, threading.Event(), threading.Event()
+        self.kernel_flush = kernel_flush
+
+    def allows_kernel_flush(self) -> bool:
+        return self.kernel_flush  # it holds writes only, never a flush
 
     def write(self, fd: int, data: bytes | memoryview) -> int:
         if self.held in self.path_of(fd):
@@ -594,26 +602,47 @@ class _HeldWrites(FaultInjectingFileOps):
         return super().write(fd, data)
 
 
+@pytest.mark.parametrize("flush", ["thread", "kernel"])
 async def test_a_checkpoint_never_counts_a_record_its_partition_files_do_not_have_yet(
-    data_dir: str, tmp_path: pathlib.Path
+    data_dir: str, tmp_path: pathlib.Path, flush: str
 ) -> None:
     """A timed checkpoint taken while a cycle's partition writes are still running
     counts only the cycles whose files are written: the record in flight stays in the
-    journal for recovery. A copy of the directory taken then (a crash) recovers it."""
-    fs = _HeldWrites(f"partitions{os.sep}0{os.sep}")
-    log = await opened(data_dir, fs, num_partitions=2)
-    committer = GroupCommitter(log, checkpoint_interval_ms=20)
+    journal for recovery. A copy of the directory taken then (a crash) recovers it.
+    With the kernel's flush the record is answered before its files are written; the
+    write held is one the commit thread does (a roll: the loop writes only what fits)."""
+    kernel = flush == "kernel"
+    fs = _HeldWrites(f"partitions{os.sep}0{os.sep}", kernel_flush=kernel)
+    segment_bytes = 2 * FRAME_SIZE if kernel else 1 << 20
+    log = await opened(data_dir, fs, num_partitions=2, segment_bytes=segment_bytes)
+    failures: list[int] = []
+    committer = GroupCommitter(
+        log, checkpoint_interval_ms=20, on_partition_failure=lambda p, _: failures.append(p)
+    )
     committer.start()
     try:
+        first = []
+        if kernel:
+            fs.release.set()
+            first = await append_and_wait(committer, log, 0, 2)  # its segment is full
+            await wait_until(
+                lambda: getattr(log.checkpoint.partitions.get(0), "next_offset", 0) == 2,
+                "a checkpoint of partition 0's first segment",
+            )
+            fs.release.clear()
+            fs.reached.clear()
         (earlier,) = append_records(log.partition(1), 1)
         await committer.wait_durable(1, earlier.offset)  # a partition for it to sync
         assert log.journal is not None
         before = log.journal.end_lsn
         checkpoints = committer.checkpoints
-        (held,) = append_records(log.partition(0), 1)
+        (held,) = append_records(log.partition(0), 1, first=len(first))
         held_durable = committer.wait_durable(0, held.offset)
         assert await asyncio.to_thread(fs.reached.wait, 60)  # journaled, its file held
         assert log.journal.end_lsn > before
+        if kernel:
+            await held_durable  # answered: the journal has it
+            assert committer.kernel_flushes
         await wait_until(
             lambda: committer.checkpoints > checkpoints, "a checkpoint while 0's write is held"
         )
@@ -625,5 +654,8 @@ async def test_a_checkpoint_never_counts_a_record_its_partition_files_do_not_hav
     await held_durable
     await committer.close()
     await asyncio.to_thread(log.close)
-    recovered = await asyncio.to_thread(read_back, str(crashed), 0, num_partitions=2)
-    assert [r.offset for r in recovered] == [held.offset]
+    assert failures == []
+    recovered = await asyncio.to_thread(
+        read_back, str(crashed), 0, num_partitions=2, segment_bytes=segment_bytes
+    )
+    assert recovered == [*first, held]
