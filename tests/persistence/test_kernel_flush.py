@@ -22,7 +22,14 @@ import sys
 import pytest
 
 import persistence.commit
-from persistence import DurabilityError, FileOps, GroupCommitter, PartitionFailedError, verify
+from persistence import (
+    DurabilityError,
+    FileOps,
+    GroupCommitter,
+    PartitionFailedError,
+    kernel_flush,
+    verify,
+)
 from persistence.journal import list_journal_segments, scan_journal
 from persistence.kernel_flush import KernelFlush
 from persistence.segments import segment_path
@@ -103,6 +110,35 @@ def test_this_machine_has_the_kernel_flush() -> None:
     flush = KernelFlush.open()
     assert flush is not None
     flush.close()
+
+
+@pytest.mark.parametrize("where", ["another OS", "io_setup refused"])
+async def test_without_the_kernel_flush_the_log_says_why_and_the_thread_flushes(
+    data_dir: str,
+    where: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    if where == "another OS":
+        monkeypatch.setattr(kernel_flush.sys, "platform", "darwin")
+        why = "Linux AIO is Linux only (this is darwin)"
+    else:
+        # A system call number no kernel has: io_setup fails with ENOSYS, as a seccomp
+        # profile's refusal (EPERM) or a spent aio-max-nr (EAGAIN) would fail it.
+        numbers = kernel_flush._SYSCALLS[platform.machine()]
+        monkeypatch.setitem(kernel_flush._SYSCALLS, platform.machine(), (9999, *numbers[1:]))
+        why = "io_setup refused: Function not implemented"
+    log = await opened(data_dir, FileOps())
+    committer = GroupCommitter(log)
+    with caplog.at_level(logging.INFO, logger="sharecoord.log"):
+        committer.start()
+    assert f"journal flush: in the commit thread ({why})" in caplog.text
+    kept = await append_and_wait(committer, log, 0, 2)
+    kept += await append_and_wait(committer, log, 0, 2, first=2)
+    assert committer.kernel_flushes is None
+    await committer.close()
+    await asyncio.to_thread(log.close)
+    assert await asyncio.to_thread(read_back, data_dir, 0, num_partitions=3) == kept
 
 
 async def test_a_flush_completes_on_the_loop_and_a_bad_descriptor_is_refused_at_once(
