@@ -163,6 +163,7 @@ REJECTED = [
     ("shutdown_timeout_s", "-0.5", "must be >= 0"),
     ("log_level", "trace", "must be one of debug, info, warning, error"),
     ("log_format", "xml", "must be one of text, json"),
+    ("journal_flush", "fast", "must be one of kernel, thread"),
     ("data_dir", "", "must not be empty"),
     ("listen", "9095", "expected HOST:PORT"),
     ("listen", "localhost:65536", "the port must be an integer 0..65535"),

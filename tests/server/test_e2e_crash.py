@@ -71,17 +71,19 @@ async def write_until_killed(
     return acked
 
 
-async def kill_and_restart_rounds(spawn, data_dir: Path, rounds: int, seed: int) -> None:
+async def kill_and_restart_rounds(
+    spawn, data_dir: Path, rounds: int, seed: int, *flags: str
+) -> None:
     rng = random.Random(seed)
     model = AcknowledgedGroup(GROUP, KEYS)
     async with aiohttp.ClientSession() as session:
-        daemon = await spawn(data_dir)
+        daemon = await spawn(data_dir, *flags)
         api = Api(session, daemon.url, "msgpack")
         assert set(await api.codes("initialize", model.init_body())) == {0}
         for round_number in range(rounds):
             await write_until_killed(api, daemon, rng, model)
             assert await asyncio.to_thread(daemon.wait) == -signal.SIGKILL
-            daemon = await spawn(data_dir)
+            daemon = await spawn(data_dir, *flags)
             api = Api(session, daemon.url, rng.choice(("json", "msgpack")))
             await api.wait_ready()
             await model.check(api)
@@ -93,6 +95,16 @@ async def kill_and_restart_rounds(spawn, data_dir: Path, rounds: int, seed: int)
 
 async def test_sigkill_right_after_a_200_loses_nothing_acknowledged(spawn, tmp_path):
     await kill_and_restart_rounds(spawn, tmp_path / "data", rounds=3, seed=1)
+
+
+async def test_sigkill_right_after_a_200_loses_nothing_with_the_commit_thread_flushing(
+    spawn, tmp_path
+):
+    """journal_flush = thread: the journal's fdatasync in the commit thread, as where
+    Linux AIO is missing (the default, the kernel's flush, is the test above)."""
+    await kill_and_restart_rounds(
+        spawn, tmp_path / "data", 3, 2, "--journal-flush", "thread", "--log-level", "info"
+    )
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from server.config import load_serve_config
 from server.http.access_log import access_log_middleware
@@ -219,3 +220,19 @@ async def test_sigterm_cuts_a_request_whose_body_never_comes_and_counts_it_cut_o
     (stopped,) = [line for line in stderr.splitlines() if "sharecoord.daemon stopped" in line]
     assert "drained=0 cut_off=1 final_commit=done" in stopped
     assert "Traceback" not in stderr, stderr
+
+
+@pytest.mark.parametrize("flush", ["kernel", "thread"])
+async def test_the_start_says_who_flushes_the_journal(
+    spawn: Spawn, tmp_path: Path, flush: str
+) -> None:
+    daemon = await spawn(tmp_path / "data", "--journal-flush", flush, "--log-level", "info")
+    async with aiohttp.ClientSession() as session:
+        api = Api(session, daemon.url)
+        init = body(GROUP, (TOPIC, [init_entry(0)]))
+        assert await api.codes("initialize", init) == [0]
+    assert await asyncio.to_thread(daemon.terminate) == 0
+    _, stderr = await asyncio.to_thread(output, daemon)
+    said = [line for line in stderr if "journal flush: by the kernel (Linux AIO)" in line]
+    assert len(said) == (1 if flush == "kernel" else 0), stderr
+    assert not [line for line in stderr if "journal flush: in the commit thread" in line]
