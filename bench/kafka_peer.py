@@ -26,9 +26,11 @@ import json
 import random
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -210,6 +212,7 @@ class SharecoordSide:
         self.port = free_port()
         self.http_port = free_port()
         self._stack: Any = None
+        self._proc: subprocess.Popen[bytes] | None = None
         self.pid = 0
 
     def start(self, cpus: str) -> float:
@@ -219,7 +222,8 @@ class SharecoordSide:
             "--partitions", str(STATE_PARTITIONS), "--kafka-listener", f"127.0.0.1:{self.port}",
         ])  # fmt: skip
         self._stack = running(argv, env=python_env(), log=str(self.log))
-        self.pid = self._stack.__enter__().pid
+        self._proc = self._stack.__enter__()
+        self.pid = self._proc.pid
         wait_for_port(self.port, 300)
         return time.monotonic()
 
@@ -230,6 +234,7 @@ class SharecoordSide:
 
     def ready(self, topic_id: str) -> None:
         deadline = time.monotonic() + 300
+        last: object = None
         while True:
             try:
                 with urllib.request.urlopen(
@@ -237,11 +242,27 @@ class SharecoordSide:
                 ) as r:
                     if r.status == 200:
                         return
-            except OSError:
-                pass
+            except urllib.error.HTTPError as exc:
+                last = f"/readyz {exc.code}: {exc.read()[:500]!r}"
+            except OSError as exc:
+                last = exc
+            if self._proc is not None and self._proc.poll() is not None:
+                raise RuntimeError(
+                    f"sharecoord exited {self._proc.returncode} before it was ready; "
+                    f"its log ends:\n{self._log_tail()}"
+                )
             if time.monotonic() > deadline:
-                raise TimeoutError("sharecoord not ready after 300s")
+                raise TimeoutError(
+                    f"sharecoord not ready after 300s (last: {last}); its log ends:\n"
+                    f"{self._log_tail()}"
+                )
             time.sleep(0.05)
+
+    def _log_tail(self) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-20:])
+        except OSError as exc:
+            return f"(unreadable: {exc})"
 
     def errors(self) -> dict[str, float]:
         """Partition results other than 0 so far, by metric line (the restart probes'
