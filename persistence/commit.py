@@ -12,10 +12,11 @@ A cycle:
      until they reload; a partition's own write failure fails that partition alone.
 With the kernel's flush (kernel_flush.py, Linux), step 2 changes where a record fits
 the journal's current segment: the event loop writes the record (the page cache) and
-the kernel runs its fdatasync, the waiters are answered when it ends, and the partition
-files are written after, in the commit thread (an answer never waited for them: a
-batch whose record is durable is answered even if its files then fail). Anything else
-(a roll, a failed record to erase) takes the commit thread as above.
+the kernel runs its fdatasync; then the loop writes each partition's frames that fit
+its active segment while its lock is free, and the commit thread the others, after the
+waiters were answered (an answer never waited for them: a batch whose record is durable
+is answered even if its files then fail). Anything else (no segment yet, a roll of the
+journal, a failed record to erase) takes the commit thread as above.
 Appends and waits arriving while a cycle is in flight mark their partitions dirty and
 the next cycle starts as soon as this one ends: batching comes from the fsync time
 itself, with no sleep on the path (but Kafka's append linger, when set).
