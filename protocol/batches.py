@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
+from heapq import heappop, heappush
 from operator import attrgetter
 
 import msgspec
@@ -172,8 +173,8 @@ def _merge_one(
 ) -> tuple[list[StateBatch], bool]:
     """``merge_batches`` of one valid batch into a clean ``current``: what nearly every
     write brings. The same steps, but only the stretch the batch can reach is copied
-    and walked; the rest of ``current`` is final as it is (``merge_batches``), and goes
-    around the walked stretch in one concatenation."""
+    and swept (``_sweep_one``); the rest of ``current`` is final as it is
+    (``merge_batches``), and goes around the swept stretch in one concatenation."""
     if start_offset != -1:
         # A clean list prunes nothing unless its first batch starts below the start.
         if current and current[0].first_offset < start_offset:
@@ -219,24 +220,18 @@ def _merge_one(
         merged = list(current)
         merged.insert(at, batch)
         return merged, True
-    lo = bisect_left(current, first - 1, key=_last_offset)
-    if lo:
+    # The stretch the batch reaches: from the first batch of current that ends at or
+    # after first - 1 to the last that starts at or before last + 1, where it sorts.
+    # Current's batches are disjoint, so those are neighbours of `at`, found by stepping
+    # out from it; the batches around the stretch stay final, and clean against it
+    # (``_sweep_one``).
+    lo = at
+    while lo and current[lo - 1].last_offset >= first - 1:
         lo -= 1
-    hi = bisect_right(current, last + 1, lo, key=_first_offset) + 1
-    hi = min(hi, n)
-    if hi - lo >= _LIST_WALK_MAX:
-        swept = _swept([*current[lo:hi], batch])
-        merged = [*current[:lo], *swept, *current[hi:]]
-        return merged, is_clean(merged, max(lo - 1, 0), lo + len(swept) + 1)
-    # The stretch holds the batches around where the new one sorts: lo <= at <= hi.
-    stretch = list(current[lo:hi])
-    at -= lo
-    stretch.insert(at, batch)
-    walked, clean = _walk(stretch, at - 1 if at else 0, len(stretch) - 1 - at)
-    # The walk's flag holds for the whole list: the batch before the stretch and the
-    # stretch's first (ends at least two before the new batch begins, so the walk
-    # leaves it as it is) are neighbours in current, which is clean; so are the
-    # stretch's last and the batch after it.
+    hi = at
+    while hi < n and current[hi].first_offset <= last + 1:
+        hi += 1
+    walked, clean = _sweep_one([*current[lo:at], batch, *current[at:hi]])
     if lo == 0 and hi == n:
         return walked, clean
     return [*current[:lo], *walked, *current[hi:]], clean
@@ -476,3 +471,75 @@ def _resolve(prev: StateBatch, cand: StateBatch) -> list[StateBatch]:
     if not cand_higher:
         return [prev, StateBatch(p_last + 1, c_last, c_state, c_count)]
     return [StateBatch(p_first, c_first - 1, p_state, p_count), cand]
+
+
+def _sweep_one(stretch: list[StateBatch]) -> tuple[list[StateBatch], bool]:
+    """Steps 4 to 7 for a clean run of batches with one more batch in it (set order):
+    ``sweep_plain``'s steps (protocol.sweep), taking the batches in order from the list
+    and the pieces from a heap. A clean run puts back at most one piece per batch, so
+    the steps are linear in the stretch, and most of the output is the input's own
+    batches, kept as they are. Returns the output and whether it is clean."""
+    out: list[StateBatch] = []
+    append = out.append
+    pieces: list[tuple[int, int, int, int]] = []  # (first, last, count, state)
+    n = len(stretch)
+    front = stretch[0]
+    f_first, f_last = front.first_offset, front.last_offset
+    f_count, f_state = front.delivery_count, front.delivery_state
+    # The front as an object while it is one of the stretch's, unchanged: output as is.
+    f_obj: StateBatch | None = front
+    # The last batch output, for the clean flag: partial coalescing can only leave a
+    # same-info pair touching where a front is output after another.
+    o_last, o_count, o_state = f_first - 2, -1, -1
+    clean = True
+    i = 1
+    obj: StateBatch | None
+    while True:
+        if i < n:
+            obj = stretch[i]
+            b_first, b_last = obj.first_offset, obj.last_offset
+            b_count, b_state = obj.delivery_count, obj.delivery_state
+            if pieces and pieces[0] < (b_first, b_last, b_count, b_state):
+                obj = None
+                b_first, b_last, b_count, b_state = heappop(pieces)
+            else:
+                i += 1
+        elif pieces:
+            obj = None
+            b_first, b_last, b_count, b_state = heappop(pieces)
+        else:
+            break
+        same = b_count == f_count and b_state == f_state
+        if b_first > f_last + 1 or (b_first == f_last + 1 and not same):
+            if f_first == o_last + 1 and f_count == o_count and f_state == o_state:
+                clean = False
+            append(f_obj or StateBatch(f_first, f_last, f_state, f_count))
+            o_last, o_count, o_state = f_last, f_count, f_state
+            f_obj, f_first, f_last, f_count, f_state = obj, b_first, b_last, b_count, b_state
+            continue
+        if same:
+            if b_last > f_last:
+                f_obj, f_last = None, b_last
+            continue
+        higher = b_count > f_count or (b_count == f_count and b_state > f_state)
+        if b_first == f_first:
+            if higher or b_last == f_last:
+                f_obj, f_last, f_count, f_state = obj, b_last, b_count, b_state
+            else:
+                heappush(pieces, (f_last + 1, b_last, b_count, b_state))
+        elif not higher:
+            if b_last > f_last:
+                heappush(pieces, (f_last + 1, b_last, b_count, b_state))
+        else:
+            # F's part before b: it touches b, whose info differs.
+            if f_first == o_last + 1 and f_count == o_count and f_state == o_state:
+                clean = False
+            append(StateBatch(f_first, b_first - 1, f_state, f_count))
+            o_last, o_count, o_state = b_first - 1, f_count, f_state
+            if b_last < f_last:
+                heappush(pieces, (b_last + 1, f_last, f_count, f_state))
+            f_obj, f_first, f_last, f_count, f_state = obj, b_first, b_last, b_count, b_state
+    if f_first == o_last + 1 and f_count == o_count and f_state == o_state:
+        clean = False
+    append(f_obj or StateBatch(f_first, f_last, f_state, f_count))
+    return out, clean

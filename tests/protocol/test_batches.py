@@ -378,6 +378,10 @@ def test_is_clean_means_no_pair_would_merge_and_every_batch_is_valid(batches):
 ONE_BATCH_STATES = [
     [b(2, 4, AV, 1), b(5, 7, ACK, 1), b(10, 12, AV, 1)],
     [b(0, 3, ACK, 2), b(6, 6, AV, 1), b(7, 9, AV, 2), b(12, 14, ARC, 1)],
+    # A batch that takes over a neighbour's first offset with the info of the batch
+    # before it, then gives way to a higher one inside it: the piece left before that
+    # one touches the earlier batch with the same info (partial coalescing, no clean).
+    [b(0, 4, ACK, 1), b(5, 9, AV, 1), b(13, 14, AV, 2)],
 ]
 
 

@@ -181,3 +181,39 @@ def test_a_leaders_write_over_a_long_state_is_exact():
         assert merged == expected
         assert clean == is_clean(merged)
         state = merged if clean else state
+
+
+def _touching_alternating(n: int) -> list[StateBatch]:
+    """A clean state whose batches touch, in two infos by turns: every neighbour is a
+    joint a new batch can split or fill."""
+    return [
+        StateBatch(10 * i, 10 * i + 9, *((0, 1) if i % 2 else (2, 2))) for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("shape", [stored_alternating, _touching_alternating])
+@pytest.mark.parametrize(
+    "info",
+    [(0, 0), (0, 1), (2, 1), (4, 2), (4, 32767)],  # (state, count): below, between, above
+)
+def test_one_batch_over_a_long_clean_state_is_exact_in_linear_steps(monkeypatch, shape, info):
+    """A write of one batch sweeps only the stretch it reaches, putting back at most one
+    piece per stored batch there: over 3,000 stored batches it must come out as Kafka's
+    walk, flag included, without work that grows faster than the stretch."""
+    state = shape(3_000)
+    assert is_clean(state)
+    pushes: list[tuple[int, int, int, int]] = []
+    real_push = protocol.batches.heappush
+
+    def counting(heap: list[tuple[int, int, int, int]], item: tuple[int, int, int, int]) -> None:
+        pushes.append(item)
+        real_push(heap, item)
+
+    monkeypatch.setattr(protocol.batches, "heappush", counting)
+    for first, last in ((0, state[-1].last_offset + 5), (15, 20_015), (3, 4)):
+        pushes.clear()
+        new = [StateBatch(first, last, *info)]
+        merged, clean = merge_batches(state, True, new, -1)
+        assert merged == reference_combine(state, new, -1), (first, last)
+        assert clean == is_clean(merged)
+        assert len(pushes) <= len(state) + 1
