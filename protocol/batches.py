@@ -128,7 +128,7 @@ def merge_batches(
     if len(new) == 1:
         valid = new[0].first_offset <= new[0].last_offset
         if valid and current_clean:
-            return _merge_one(current, new[0], start_offset)
+            return merge_one(current, new[0], start_offset)
     else:
         valid = all(b.first_offset <= b.last_offset for b in new)
     if not current_clean or not valid:
@@ -168,7 +168,7 @@ def merge_batches(
     return _walk(remaining, head, len(remaining) - 1 - last_at)
 
 
-def _merge_one(
+def merge_one(
     current: Sequence[StateBatch], batch: StateBatch, start_offset: int
 ) -> tuple[list[StateBatch], bool]:
     """``merge_batches`` of one valid batch into a clean ``current``: what nearly every

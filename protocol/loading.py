@@ -36,7 +36,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from protocol.batches import StateBatch, is_clean, merge_batches
+from protocol.batches import StateBatch, is_clean, merge_batches, merge_one
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
     UPDATE_RECORD_TYPE,
@@ -309,14 +309,21 @@ def fold_values(
     clean: bool | None = None
     for value in updates:
         epoch = value.leader_epoch
-        leader_fence = max(leader_fence, epoch)
+        if epoch > leader_fence:  # noqa: PLR1730 (a call per update costs)
+            leader_fence = epoch
         if epoch != -1:
             leader_epoch = epoch
         if value.start_offset != -1:
             start_offset = value.start_offset
         if clean is None:
             clean = is_clean(batches)
-        batches, clean = merge_batches(batches, clean, _batches(value.state_batches), start_offset)
+        flat = value.state_batches
+        if clean and len(flat) == 4 and flat[0] <= flat[1]:
+            # What nearly every update holds: one valid batch, into clean batches.
+            batch = StateBatch(flat[0], flat[1], flat[2], flat[3])
+            batches, clean = merge_one(batches, batch, start_offset)
+        else:
+            batches, clean = merge_batches(batches, clean, _batches(flat), start_offset)
         if value.delivery_complete_count != -1:
             delivery_complete_count = value.delivery_complete_count
     state = ShareGroupOffset(
