@@ -200,9 +200,12 @@ def record_batch(
 ) -> pa.RecordBatch:
     """The rows of `records` (HISTORY_SCHEMA, or SOURCE_SCHEMA with a state partition)."""
     size = len(records)
+    # Each key field once per distinct key, then spread over the rows by their keys'
+    # positions (a take in Arrow): a segment holds far fewer keys than records.
     key_bytes = [r[3] for r in records]
-    distinct = {k: decoder.decode_key(k) for k in set(key_bytes)}
-    keys = [distinct[k] for k in key_bytes]
+    position = {k: i for i, k in enumerate(dict.fromkeys(key_bytes))}
+    keys = list(map(decoder.decode_key, position))
+    rows_keys = pa.array(np.fromiter(map(position.__getitem__, key_bytes), np.int32, size))
     kinds = np.full(size, TOMBSTONE, dtype=object)
     kinds[decoded.update_at] = UPDATE
     kinds[decoded.snapshot_at] = SNAPSHOT
@@ -221,7 +224,7 @@ def record_batch(
             columns.append(frame[field.name]())
         elif field.part is Part.KEY:
             values = list(map(attrgetter(field.name), keys))
-            columns.append(pa.array(values, ARROW_TYPES[field.type]))
+            columns.append(pa.array(values, ARROW_TYPES[field.type]).take(rows_keys))
         elif field.type is FieldType.STATE_BATCHES:
             columns.append(_batches(size, decoded))
         else:
@@ -241,13 +244,14 @@ def _scatter(size: int, decoded: DecodedValues, field: RecordField) -> pa.Array:
     ):
         if field.position(kind) is None or not values:
             continue
-        column = list(map(attrgetter(field.name), values))
-        if None in column:
+        try:
+            data[at] = np.fromiter(map(attrgetter(field.name), values), np.int64, len(values))
+        except TypeError:  # nil in some of them
+            column = list(map(attrgetter(field.name), values))
             present = np.array([c is not None for c in column], dtype=bool)
             data[at[present]] = [c for c in column if c is not None]
             valid[at[present]] = True
         else:
-            data[at] = column
             valid[at] = True
     return pa.array(data, mask=~valid).cast(ARROW_TYPES[field.type])
 
