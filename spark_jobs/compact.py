@@ -72,7 +72,7 @@ from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.history import SegmentRecords, export_segment
 from spark_jobs.preflight import anything_to_compact
 from spark_jobs.sealed import RawRecord, iter_sealed_segments
-from spark_jobs.session import Progress, spark_session, task_count
+from spark_jobs.session import Progress, balanced_groups, spark_session, task_count
 from spark_jobs.storeref import StoreRef, add_state_store_args, state_store_of
 
 if TYPE_CHECKING:
@@ -252,6 +252,11 @@ def _export(
         result.exported_records += export.records
 
 
+def sealed_bytes(data_dir: str, partition: int) -> int:
+    """The bytes of a state partition's sealed segments: what compacting it reads."""
+    return sum(s.size_bytes for s in list_segments(partition_dir(data_dir, partition))[:-1])
+
+
 def commit_partition(data_dir: str, partition: int) -> CommitResult:
     """Commit every output staged for one partition. The caller holds DATA/LOCK."""
     directory = partition_dir(data_dir, partition)
@@ -295,10 +300,17 @@ def run_compaction(
             f"fold the sealed segments of {num_partitions} state partitions"
             + ("" if history is None else ", exporting them to the history first")
         )
-        results: list[PartitionCompaction] = (
-            sc.parallelize(range(num_partitions), task_count(sc, num_partitions))
-            .map(lambda p: compact_partition(data_dir, p, cutoff, history_root))
-            .collect()
+        groups = balanced_groups(
+            [sealed_bytes(data_dir, p) for p in range(num_partitions)],
+            task_count(sc, num_partitions),
+        )
+        results: list[PartitionCompaction] = sorted(
+            sc.parallelize(groups, len(groups))
+            .flatMap(
+                lambda group: [compact_partition(data_dir, p, cutoff, history_root) for p in group]
+            )
+            .collect(),
+            key=lambda result: result.partition,
         )
         for result in results:
             if result.status == "failed" or result.reason not in ROUTINE_SKIPS:
