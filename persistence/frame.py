@@ -68,6 +68,8 @@ LENGTH_FIELD_SIZE = LENGTH.size
 # The length of a frame with an empty key and a null value: the smallest a frame can be.
 MIN_LENGTH = HEADER_SIZE - LENGTH_FIELD_SIZE + VALUE_LENGTH.size  # 30
 MAX_FRAME_LENGTH = 64 * 1024 * 1024
+# walk_frames checksums frames shorter than this over a copy of their bytes.
+CRC_COPY_BELOW = 4096
 NULL_VALUE_LENGTH = -1
 # A length field below MIN_LENGTH is still checked against the bytes it claims when the
 # checksum then covers at least one byte: one that holds was written so (InvalidFrame).
@@ -274,6 +276,10 @@ def walk_frames(
     header_size, length_field, crc_start, key_at = HEADER_SIZE, LENGTH_FIELD_SIZE, CRC_START, KEY_AT
     shortest, longest, magic_byte, types = MIN_LENGTH, MAX_FRAME_LENGTH, MAGIC, RECORD_TYPES
     null_length, value_length_size = NULL_VALUE_LENGTH, VALUE_LENGTH.size
+    # A small frame's checksum over a copy of its bytes: a bytes slice costs less than a
+    # memoryview slice (80 against 200 ns for the bench's frames); a large one through
+    # the view, never copied.
+    copy_below = CRC_COPY_BELOW
     view = memoryview(buf)
     size = len(buf)
     below = below_offset if below_offset is not None else 1 << 63
@@ -289,7 +295,10 @@ def walk_frames(
             length < shortest
             or length > longest
             or end > size
-            or crc32(view[pos + crc_start : end]) != crc
+            or crc32(
+                buf[pos + crc_start : end] if length < copy_below else view[pos + crc_start : end]
+            )
+            != crc
             or magic != magic_byte
             or record_type not in types
             or offset < min_offset
