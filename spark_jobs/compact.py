@@ -35,6 +35,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import chain
 from typing import TYPE_CHECKING
 
 from persistence import (
@@ -160,8 +161,8 @@ def _compact(
             partition, "skipped", f"output is already staged at base {base}, waiting to commit"
         )
     read = _read_sealed(segments)
-    records: list[RawRecord] = [r for segment in read for r in segment.records]
-    values: list[Value] = [v for segment in read for v in segment.decoded.values]
+    records: list[RawRecord] = list(chain.from_iterable(segment.records for segment in read))
+    values: list[Value] = list(chain.from_iterable(segment.decoded.values for segment in read))
     result = PartitionCompaction(partition, "staged", base=base, segments_before=len(sealed))
     if history_root is not None:
         # Before anything is staged: the swap may only ever delete what the history has.

@@ -157,7 +157,7 @@ def _fold_tails(
                 history.leader_fence, history.state_fence, head_value
             )
             state, _, leader_fence = fold_values(
-                head_value, (values[i] for i in at[1:]), leader_fence, snapshot=True
+                head_value, map(values.__getitem__, at[1:]), leader_fence, snapshot=True
             )
             out.append(
                 _folded_snapshot(
@@ -180,7 +180,7 @@ def _fold_tails(
         created: Any = values[at[first]]
         fold_values(
             created,
-            (values[i] for i in at[first + 1 :]),
+            map(values.__getitem__, at[first + 1 :]),
             update_leader_fence(None, created.leader_epoch),
             snapshot=False,
         )

@@ -69,16 +69,14 @@ def export_segment(
     records = segment.records
     start = _first_at_or_above(records, watermark)
     files: list[ExportedFile] = []
+    timestamps = np.array([r[1] for r in records[start:]], dtype=np.int64)
     if start < len(records):
         batch = record_batch(records, segment.decoded, decoder).slice(start)
-        days = np.floor_divide(
-            np.array([r[1] for r in records[start:]], dtype=np.int64), MS_PER_DAY
-        )
+        days = np.floor_divide(timestamps, MS_PER_DAY)
         for day_number in np.unique(days):
             rows = batch.filter(pa.array(days == day_number))
             day = day_of(int(day_number) * MS_PER_DAY)
             files.append(_write_day(root, partition, day, segment.fingerprint, rows))
-    timestamps = [r[1] for r in records[start:]]
     export = SegmentExport(
         partition=partition,
         segment=segment.fingerprint,
@@ -86,8 +84,8 @@ def export_segment(
         last_offset=records[-1][0] if records else None,
         records=len(records) - start,
         files=tuple(files),
-        min_timestamp=min(timestamps, default=None),
-        max_timestamp=max(timestamps, default=None),
+        min_timestamp=int(timestamps.min()) if len(timestamps) else None,
+        max_timestamp=int(timestamps.max()) if len(timestamps) else None,
         exported_at=time.time_ns() // 1_000_000,
     )
     write_marker(root, export)
