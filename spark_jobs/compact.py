@@ -10,9 +10,10 @@ repository root, with a Python that has the project's dependencies as PYSPARK_PY
         spark_jobs/compact.py --data-dir /data --tombstone-retention-ms 86400000
 
 State partitions are the unit of parallelism: each is handled whole by one task (a
-task takes a few partitions, session.TASKS_PER_CORE), which reads its sealed segments
-present when it starts (all but the newest, which the daemon appends to and which is
-never touched), folds them (spark_jobs/fold.py) and stages `<base>.cleaned` +
+task takes a few partitions, session.TASKS_PER_CORE, grouped by their sealed bytes so
+that the tasks weigh about the same: session.balanced_groups), which reads its sealed
+segments present when it starts (all but the newest, which the daemon appends to and
+which is never touched), folds them (spark_jobs/fold.py) and stages `<base>.cleaned` +
 `<base>.manifest` in DATA/partitions/<p>/compaction/. No record is shuffled: a
 partition's records never leave its task.
 
