@@ -255,8 +255,15 @@ def _export(
 
 
 def sealed_bytes(data_dir: str, partition: int) -> int:
-    """The bytes of a state partition's sealed segments: what compacting it reads."""
-    return sum(s.size_bytes for s in list_segments(partition_dir(data_dir, partition))[:-1])
+    """The bytes of a state partition's sealed segments: what compacting it reads. Only
+    a weight for grouping the partitions into tasks: a partition that cannot be listed
+    now (a segment pruned meanwhile, a damaged manifest) weighs 0, and its task says
+    what is wrong with it."""
+    try:
+        segments = list_segments(partition_dir(data_dir, partition))
+    except (LogError, OSError, ValueError):
+        return 0
+    return sum(s.size_bytes for s in segments[:-1])
 
 
 def commit_partition(data_dir: str, partition: int) -> CommitResult:

@@ -1,12 +1,18 @@
 """How the jobs spread state partitions over Spark tasks (spark_jobs/session.py
-``balanced_groups``), without Spark: every partition once, groups of about equal work,
-the heaviest first, so that cores taking the tasks in order finish together."""
+``balanced_groups``, weighed by spark_jobs/compact.py ``sealed_bytes``), without Spark:
+every partition once, groups of about equal work, the heaviest first, so that cores
+taking the tasks in order finish together."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from persistence import partition_dir
+from persistence.segments import SWAP_SUFFIX, base_name, segment_name
+from spark_jobs.compact import sealed_bytes
 from spark_jobs.session import balanced_groups
 
 
@@ -53,3 +59,18 @@ def test_every_partition_once_heaviest_group_first_within_one_partition_of_even(
         # Each unit went to the lightest group: no group outweighs another by more
         # than the largest unit.
         assert totals[0] - totals[-1] <= max(sizes)
+
+
+def test_a_partitions_weight_is_its_sealed_bytes_and_zero_when_it_cannot_be_listed(tmp_path):
+    good = Path(partition_dir(str(tmp_path), 0))
+    good.mkdir(parents=True)
+    (good / segment_name(0)).write_bytes(b"x" * 100)
+    (good / segment_name(10)).write_bytes(b"x" * 7)
+    (good / segment_name(20)).write_bytes(b"x" * 50)  # the newest: not sealed
+    assert sealed_bytes(str(tmp_path), 0) == 107
+    # A swap file whose manifest is missing: listing fails; the task says why, not this.
+    bad = Path(partition_dir(str(tmp_path), 1))
+    bad.mkdir(parents=True)
+    (bad / (base_name(0) + SWAP_SUFFIX)).write_bytes(b"")
+    assert sealed_bytes(str(tmp_path), 1) == 0
+    assert sealed_bytes(str(tmp_path), 2) == 0  # no directory at all
