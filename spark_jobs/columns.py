@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from types import GenericAlias
 from typing import Any, TypeAlias
 
@@ -111,6 +111,7 @@ _decode_updates = msgspec.msgpack.Decoder(GenericAlias(list, (UpdateValue,))).de
 _decode_snapshots = msgspec.msgpack.Decoder(GenericAlias(list, (SnapshotValue,))).decode
 _split_raw = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 _BATCHES = attrgetter(STATE_BATCHES.name)
+_TYPE = itemgetter(2)  # a RawRecord's record type
 
 
 class DecodedValues:
@@ -129,60 +130,68 @@ class DecodedValues:
     ) -> None:
         self.update_at, self.updates = update_at, updates
         self.snapshot_at, self.snapshots = snapshot_at, snapshots
-        values = np.full(size, None, dtype=object)
-        values[update_at] = updates
-        values[snapshot_at] = snapshots
-        self.values: list[Value] = values.tolist()
+        self.values: list[Value]
+        if len(updates) == size:  # a segment of updates alone: they are in record order
+            self.values = list(updates)
+        else:
+            values = np.full(size, None, dtype=object)
+            values[update_at] = updates
+            values[snapshot_at] = snapshots
+            self.values = values.tolist()
 
 
 def decode_values(records: Sequence[RawRecord]) -> DecodedValues:
     """Decode every value of `records` (checked as ``protocol.records`` checks a value:
     a RecordDecodeError names the first bad record's offset)."""
-    types = [r[2] for r in records]
-    update_at = [i for i, t in enumerate(types) if t == UPDATE_RECORD_TYPE]
-    snapshot_at = [i for i, t in enumerate(types) if t == SNAPSHOT_RECORD_TYPE]
+    # The records' types and values in C-level passes: a segment holds ~20,000 records.
+    types = np.fromiter(map(_TYPE, records), np.int64, len(records))
+    update_at = np.flatnonzero(types == UPDATE_RECORD_TYPE)
+    snapshot_at = np.flatnonzero(types == SNAPSHOT_RECORD_TYPE)
     if len(update_at) + len(snapshot_at) != len(records):
         bad = next(r for r in records if r[2] not in (SNAPSHOT_RECORD_TYPE, UPDATE_RECORD_TYPE))
         raise RecordDecodeError(f"offset {bad[0]}: unknown record type {bad[2]}")
-    tombstone_at = [i for i in snapshot_at if records[i][4] is None]
-    if tombstone_at:
-        gone = set(tombstone_at)
-        snapshot_at = [i for i in snapshot_at if i not in gone]
-    for i in update_at:
-        if records[i][4] is None:
-            raise RecordDecodeError(
-                f"offset {records[i][0]}: a ShareUpdate record has a null value"
-            )
-    updates = _bulk(records, update_at, _decode_updates, decode_update_value)
-    snapshots = _bulk(records, snapshot_at, _decode_snapshots, decode_snapshot_value)
-    return DecodedValues(
-        len(records),
-        np.array(update_at, dtype=np.int64),
-        updates,
-        np.array(snapshot_at, dtype=np.int64),
-        snapshots,
+    if len(snapshot_at):
+        tombstone = np.fromiter(
+            (records[i][4] is None for i in snapshot_at.tolist()), bool, len(snapshot_at)
+        )
+        snapshot_at = snapshot_at[~tombstone]
+    update_values = [records[i][4] for i in update_at.tolist()]
+    if None in update_values:
+        at = update_at[update_values.index(None)]
+        raise RecordDecodeError(f"offset {records[at][0]}: a ShareUpdate record has a null value")
+    updates = _bulk(records, update_at, update_values, _decode_updates, decode_update_value)
+    snapshot_values = [records[i][4] for i in snapshot_at.tolist()]
+    snapshots = _bulk(
+        records, snapshot_at, snapshot_values, _decode_snapshots, decode_snapshot_value
     )
+    return DecodedValues(len(records), update_at, updates, snapshot_at, snapshots)
 
 
-def _bulk(records: Sequence[RawRecord], at: list[int], decode: Any, decode_one: Any) -> Any:
-    """One msgspec call for many values: their bytes back to back as one msgpack array.
-    The split into raw elements must give back each value's own bytes, or one value
-    spilled into the next (a value with trailing bytes, or cut short): then each value
-    is decoded alone, which names the bad one."""
-    if not at:
+def _bulk(
+    records: Sequence[RawRecord],
+    at: np.ndarray[Any, Any],
+    values: list[bytes],
+    decode: Any,
+    decode_one: Any,
+) -> Any:
+    """One msgspec call for many values (``values``, the bytes of ``records`` at ``at``):
+    their bytes back to back as one msgpack array. The split into raw elements must give
+    back each value's own bytes, or one value spilled into the next (a value with
+    trailing bytes, or cut short): then each value is decoded alone, which names the bad
+    one."""
+    if not values:
         return []
-    values = [records[i][4] for i in at]
-    payload = b"\xdd" + len(values).to_bytes(4, "big") + b"".join(values)  # type: ignore[arg-type]
+    payload = b"\xdd" + len(values).to_bytes(4, "big") + b"".join(values)
     try:
         raw = _split_raw(payload)
-        if list(map(len, raw)) == list(map(len, values)):  # type: ignore[arg-type]
+        if list(map(len, raw)) == list(map(len, values)):
             decoded = decode(payload)
             lengths = np.fromiter(map(len, map(_BATCHES, decoded)), np.int64, len(decoded))
             if not (lengths % 4).any():
                 return decoded
     except (msgspec.MsgspecError, ValueError):
         pass
-    for i in at:  # find the culprit, and say where it is
+    for i in at.tolist():  # find the culprit, and say where it is
         try:
             value = decode_one(records[i][4])
             if len(value.state_batches) % 4:
