@@ -34,23 +34,21 @@ from persistence.frame import (
 from protocol.records import RECORD_TYPES
 from tests.persistence.log_helpers import resealed
 
-records = st.builds(
-    LogRecord,
-    offset=st.integers(0, 2**63 - 1),
-    timestamp=st.integers(-(2**63), 2**63 - 1),
-    record_type=st.sampled_from(RECORD_TYPES),
-    key=st.binary(max_size=64),
-    value=st.none() | st.binary(max_size=256),
-)
+
+def log_records(values: st.SearchStrategy[bytes | None]) -> st.SearchStrategy[LogRecord]:
+    return st.builds(
+        LogRecord,
+        offset=st.integers(0, 2**63 - 1),
+        timestamp=st.integers(-(2**63), 2**63 - 1),
+        record_type=st.sampled_from(RECORD_TYPES),
+        key=st.binary(max_size=64),
+        value=values,
+    )
+
+
+records = log_records(st.none() | st.binary(max_size=256))
 # Frames walk_frames checksums through its view of the buffer rather than a copy.
-large_records = st.builds(
-    LogRecord,
-    offset=st.integers(0, 2**63 - 1),
-    timestamp=st.integers(-(2**63), 2**63 - 1),
-    record_type=st.sampled_from(RECORD_TYPES),
-    key=st.binary(max_size=64),
-    value=st.binary(min_size=CRC_COPY_BELOW - 64, max_size=CRC_COPY_BELOW + 64),
-)
+large_records = log_records(st.binary(min_size=CRC_COPY_BELOW - 64, max_size=CRC_COPY_BELOW + 64))
 
 
 def encode(record: LogRecord) -> bytes:
