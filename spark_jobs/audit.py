@@ -74,7 +74,7 @@ from spark_jobs.auditor import (
     audit_partition,
     finding_order,
 )
-from spark_jobs.session import Progress, spark_session, task_count
+from spark_jobs.session import Progress, spark_session, stop_session, task_count
 from spark_jobs.storeref import StoreRef, add_state_store_args, state_store_of
 
 __all__ = [
@@ -368,7 +368,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         return EXIT_FAILURE
     finally:
         if own_session:
-            spark.stop()
+            stop_session(spark)
     print(summary_line(report, page, time.monotonic() - started))
     sys.stdout.flush()
     return EXIT_FAILURE if report.violations or report.damaged else EXIT_OK

@@ -74,7 +74,7 @@ from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.history import SegmentRecords, export_segment
 from spark_jobs.preflight import anything_to_compact
 from spark_jobs.sealed import RawRecord, iter_sealed_segments
-from spark_jobs.session import Progress, balanced_groups, spark_session, task_count
+from spark_jobs.session import Progress, balanced_groups, spark_session, stop_session, task_count
 from spark_jobs.storeref import StoreRef, add_state_store_args, state_store_of
 
 if TYPE_CHECKING:
@@ -449,7 +449,7 @@ def main(argv: Sequence[str] | None = None, spark: SparkSession | None = None) -
         return run_compaction(spark, args.data_dir, args.tombstone_retention_ms, history=history)
     finally:
         if own_session:
-            spark.stop()
+            stop_session(spark)
 
 
 def _on_store(store: StoreRef, args: argparse.Namespace, spark: SparkSession | None) -> int:
@@ -468,7 +468,7 @@ def _on_store(store: StoreRef, args: argparse.Namespace, spark: SparkSession | N
         return EXIT_FAILURE
     finally:
         if own_session:
-            spark.stop()
+            stop_session(spark)
 
 
 if __name__ == "__main__":

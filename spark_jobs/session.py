@@ -94,9 +94,28 @@ def spark_session(
         use_sharecoord_python(spark, env_cache)
         check_executors(spark, EXECUTOR_IMPORTS + (STORE_IMPORTS if reads_store else ()))
     except SparkEnvironmentError:
-        spark.stop()  # the job's own stop is never reached: it has no session yet
+        stop_session(spark)  # the job's own stop is never reached: it has no session yet
         raise
     return spark
+
+
+def stop_session(spark: SparkSession) -> None:
+    """``spark.stop()`` without its last second of waiting. pyspark's accumulator server
+    answers the JVM on one connection whose handler polls a shutdown flag once a second;
+    ``SparkContext.stop()`` raises the flag and then waits for that poll, which a job's
+    own last accumulator update has just restarted: ~1 s at the end of every job. Here
+    the flag is raised, the context stops without the server, and the server's own
+    shutdown (its thread is a daemon) finishes beside whatever the process does next."""
+    sc = spark.sparkContext
+    server = getattr(sc, "_accumulatorServer", None)
+    if server is not None and hasattr(server, "server_shutdown"):
+        server.server_shutdown = True
+        sc._accumulatorServer = None  # type: ignore[assignment]
+    else:
+        server = None  # another pyspark: its own stop does what it does
+    spark.stop()
+    if server is not None:
+        threading.Thread(target=server.shutdown, name="accumulator-stop", daemon=True).start()
 
 
 def is_local(sc: SparkContext) -> bool:
