@@ -201,10 +201,18 @@ def packed_environment(
     return Packed(path, True, time.monotonic() - started, os.path.getsize(path))
 
 
-def prune_cache(cache_dir: str, keep: str, now: float | None = None) -> list[str]:
-    """Delete the archives in `cache_dir` unused for STALE_AFTER_S and the partial ones
-    older than ABANDONED_AFTER_S, never `keep`; the names deleted. Best effort: an entry
-    another process deleted or touched meanwhile is left to it."""
+def prune_cache(
+    cache_dir: str,
+    keep: str,
+    now: float | None = None,
+    *,
+    kept: tuple[str, str] = (ARCHIVE_PREFIX, ".tar.gz"),
+    partial_prefix: str = PARTIAL_PREFIX,
+) -> list[str]:
+    """Delete the archives in `cache_dir` (names that start and end as `kept` says)
+    unused for STALE_AFTER_S and the partial ones (`partial_prefix`) older than
+    ABANDONED_AFTER_S, never `keep`; the names deleted. Best effort: an entry another
+    process deleted or touched meanwhile is left to it."""
     now = time.time() if now is None else now
     deleted: list[str] = []
     try:
@@ -212,9 +220,9 @@ def prune_cache(cache_dir: str, keep: str, now: float | None = None) -> list[str
     except OSError:
         return deleted
     for name in names:
-        if name.startswith(ARCHIVE_PREFIX) and name.endswith(".tar.gz"):
+        if name.startswith(kept[0]) and name.endswith(kept[1]):
             age = STALE_AFTER_S
-        elif name.startswith(PARTIAL_PREFIX):
+        elif name.startswith(partial_prefix):
             age = ABANDONED_AFTER_S
         else:
             continue  # not ours

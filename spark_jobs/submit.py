@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -31,7 +32,7 @@ import zipfile
 from collections.abc import Sequence
 from typing import TextIO
 
-from spark_jobs import shipenv
+from spark_jobs import classcache, shipenv
 
 EXIT_FAILURE = 1
 # Packages an executor imports: pure code, no server. persistence.postgres is read by
@@ -60,15 +61,18 @@ def run_job(
     job_args: Sequence[str],
     out: TextIO | None = None,
     env_cache: str | None = None,
+    class_cache: str | None = None,
 ) -> int:
     """spark-submit one job module; stream its output to `out`; return its exit code.
     `env_cache`: where the executors' environment archive is kept (shipenv's default if
-    None); a local master needs none."""
+    None); a local master needs none. `class_cache`: where the driver JVM's class-data
+    archive is kept (classcache's default if None, none if ``off``)."""
     out = out or sys.stdout
     with tempfile.TemporaryDirectory(prefix="sharecoord-spark-") as workdir:
         try:
             shipping = shipping_options(job, master, env_cache, out)
-            command = submit_command(job, master, job_args, workdir, shipping)
+            classes = classcache.class_cache(class_cache, job, spark_home())
+            command = submit_command(job, master, job_args, workdir, shipping, classes.options)
         except FileNotFoundError as exc:
             print(f"sharecoord {job}: {exc}", file=sys.stderr)
             return EXIT_FAILURE
@@ -79,6 +83,13 @@ def run_job(
                 file=sys.stderr,
             )
             return EXIT_FAILURE
+        if classes.partial is not None:
+            out.write(
+                f"sharecoord {job}: the driver JVM keeps the classes it loads in "
+                f"{classes.archive} as it exits, for the next runs to map (once, a few "
+                "seconds)\n"
+            )
+            out.flush()
         with subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -91,6 +102,7 @@ def run_job(
             for line in process.stdout:
                 out.write(line)
                 out.flush()
+        classes.finish(process.returncode)
         return process.returncode
 
 
@@ -129,9 +141,10 @@ def submit_command(
     job_args: Sequence[str],
     workdir: str,
     shipping: Sequence[str] = (),
+    java_options: Sequence[str] = (),
 ) -> list[str]:
     """The spark-submit command line for `job`, its zip and logging config in `workdir`,
-    with `shipping`'s options (shipping_options)."""
+    with `shipping`'s options (shipping_options) and the driver JVM's `java_options`."""
     log4j = os.path.join(workdir, "log4j2.properties")
     with open(log4j, "w", encoding="utf-8") as f:
         f.write(LOG4J2_PROPERTIES)
@@ -146,11 +159,22 @@ def submit_command(
         "--conf",
         "spark.ui.showConsoleProgress=false",
         "--driver-java-options",
-        f"-Dlog4j2.configurationFile=file:{log4j}",
+        java_option_string([f"-Dlog4j2.configurationFile=file:{log4j}", *java_options]),
         *shipping,
         job_file(job),
         *job_args,
     ]
+
+
+def java_option_string(options: Sequence[str]) -> str:
+    """`options` as one --driver-java-options value: Spark's launcher splits it at
+    whitespace and takes a backslash as escaping the next character."""
+    return " ".join(re.sub(r"""([\s\\"'])""", r"\\\1", option) for option in options)
+
+
+def spark_home() -> str:
+    """The Spark that spark_submit_path's script runs: $SPARK_HOME, else pyspark's own."""
+    return os.environ.get("SPARK_HOME") or os.path.dirname(os.path.dirname(spark_submit_path()))
 
 
 def job_file(job: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +18,12 @@ from blockbuster import BlockBuster, blockbuster_ctx  # noqa: E402
 from tests.figures import print_figures  # noqa: E402
 from tests.pki import Pki, make_pki  # noqa: E402
 from tests.postgres import PostgresMissing, PostgresServer, server_root  # noqa: E402
+
+# The Spark jobs' driver JVM keeps the classes it loads in a cache that the first run
+# writes (spark_jobs/classcache.py): the suite's jobs keep none, so no test writes into
+# the user's cache or sees a first run's extra line by running first;
+# tests/spark/test_class_cache.py gives its jobs a cache of their own.
+os.environ["SHARECOORD_SPARK_CLASS_CACHE"] = "off"
 
 # The daemon harness's fixtures (daemons, spawn) for every test.
 pytest_plugins = ("tests.harness.fixtures",)

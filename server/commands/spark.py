@@ -68,9 +68,7 @@ def run_compact(args: argparse.Namespace) -> int:
     job_args += ["--segment-bytes", str(values["segment_bytes"])]
     if history_dir is not None:
         job_args += ["--history-dir", os.path.abspath(history_dir)]
-    return submit.run_job(
-        "compact", values["master"], job_args, env_cache=values["spark_env_cache"]
-    )
+    return _submit("compact", values, job_args)
 
 
 def run_audit(args: argparse.Namespace) -> int:
@@ -89,7 +87,17 @@ def run_audit(args: argparse.Namespace) -> int:
     job_args += ["--delivery-limit", str(values["delivery_limit"])]
     if values["since_last"]:
         job_args.append("--since-last")
-    return submit.run_job("audit", values["master"], job_args, env_cache=values["spark_env_cache"])
+    return _submit("audit", values, job_args)
+
+
+def _submit(job: str, values: dict[str, Any], job_args: list[str]) -> int:
+    return submit.run_job(
+        job,
+        values["master"],
+        job_args,
+        env_cache=values["spark_env_cache"],
+        class_cache=values["spark_class_cache"],
+    )
 
 
 def _compact_on_store(values: dict[str, Any]) -> int:
@@ -106,9 +114,7 @@ def _compact_on_store(values: dict[str, Any]) -> int:
     job_args = _location_args(store, "")
     job_args += ["--tombstone-retention-ms", str(values["tombstone_retention_ms"])]
     job_args += ["--history-retention-ms", str(values["history_retention_ms"])]
-    return submit.run_job(
-        "compact", values["master"], job_args, env_cache=values["spark_env_cache"]
-    )
+    return _submit("compact", values, job_args)
 
 
 def _checked_store(values: dict[str, Any], command: str) -> StoreRef | None:

@@ -102,12 +102,27 @@ SPARK_ENV_CACHE = Setting(
     "need none",
 )
 
+# Where the jobs keep their driver JVM's class-data archive (spark_jobs/classcache.py).
+SPARK_CLASS_CACHE = Setting(
+    "spark_class_cache",
+    None,
+    "Where the jobs keep the classes their driver JVM loads (a class-data archive, one per "
+    "job, Spark and java), written by the first run and mapped by the next ones to start "
+    "faster; off keeps none. Default: $XDG_CACHE_HOME/sharecoord/spark-classes "
+    "(~/.cache/...). An empty value means the default.",
+    parse_optional_path,
+    metavar="DIR",
+    meaning="where the driver JVM's class-data archive is kept, written by the first run "
+    "and mapped by the next ones (`~/.cache/sharecoord/spark-classes`); `off` keeps none",
+)
+
 COMPACT_SETTINGS = command(
     "compact",
     (
         DATA_DIR,
         MASTER,
         SPARK_ENV_CACHE,
+        SPARK_CLASS_CACHE,
         _int(
             "tombstone_retention_ms",
             86_400_000,
@@ -180,6 +195,7 @@ AUDIT_SETTINGS = command(
         ),
         MASTER,
         SPARK_ENV_CACHE,
+        SPARK_CLASS_CACHE,
         Setting(
             "since_last",
             False,

@@ -35,7 +35,13 @@ def job_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, list[str]]
     """Record the jobs the CLI would submit instead of starting Spark."""
     runs: list[tuple[str, str, list[str]]] = []
 
-    def run_job(job: str, master: str, job_args: list[str], env_cache: str | None = None) -> int:
+    def run_job(
+        job: str,
+        master: str,
+        job_args: list[str],
+        env_cache: str | None = None,
+        class_cache: str | None = None,
+    ) -> int:
         runs.append((job, master, list(job_args)))
         return 0
 
@@ -345,15 +351,22 @@ def test_a_cluster_master_runs_the_driver_with_this_python(
         assert "PYSPARK_PYTHON" not in env  # the executors' Python is the cluster's
 
 
-def test_the_environment_cache_reaches_the_job_on_either_store(
+def test_the_caches_reach_the_job_on_either_store(
     sealed_log: str, postgres: PostgresServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--spark-env-cache is where a cluster's environment archive is packed and kept,
-    over a data directory and over the PostgreSQL store alike."""
-    runs: list[tuple[str, str | None]] = []
+    --spark-class-cache where the driver JVM's classes are, over a data directory and
+    over the PostgreSQL store alike."""
+    runs: list[tuple[str, str | None, str | None]] = []
 
-    def run_job(job: str, master: str, job_args: list[str], env_cache: str | None = None) -> int:
-        runs.append((job, env_cache))
+    def run_job(
+        job: str,
+        master: str,
+        job_args: list[str],
+        env_cache: str | None = None,
+        class_cache: str | None = None,
+    ) -> int:
+        runs.append((job, env_cache, class_cache))
         return 0
 
     monkeypatch.setattr(submit, "run_job", run_job)
@@ -364,8 +377,10 @@ def test_the_environment_cache_reaches_the_job_on_either_store(
     log = write_store(postgres, appended_of(ANOMALOUS_LOG), 2)
     cache = str(tmp_path / "env-cache")
     where = ["--state-store", log.store.uri, "--state-store-schema", log.store.schema]
+    classes = str(tmp_path / "class-cache")
     shipping = ["--master", "spark://m:7077", "--spark-env-cache", cache]
+    shipping += ["--spark-class-cache", classes]
     assert sharecoord(["compact", "--data-dir", sealed_log, *shipping]) == 0
     assert sharecoord(["compact", *where, *shipping]) == 0
     assert sharecoord(["audit", *where, "--out", str(tmp_path / "out"), *shipping]) == 0
-    assert runs == [("compact", cache), ("compact", cache), ("audit", cache)]
+    assert runs == [(job, cache, classes) for job in ("compact", "compact", "audit")]
