@@ -22,12 +22,15 @@ COPY spark_jobs ./spark_jobs
 # nodes of the cluster profile run on the PostgreSQL store.
 RUN python3 -m pip install --no-cache-dir '.[spark,postgres]' \
     && rm -rf /opt/sharecoord \
-    && mkdir -p /data \
-    && chown spark:spark /data
+    && mkdir -p /data /var/cache/sharecoord/spark-classes \
+    && chown spark:spark /data /var/cache/sharecoord/spark-classes
 
-# Executors start this Python; for local masters `sharecoord` sets it to its own.
+# Executors start this Python; for local masters `sharecoord` sets it to its own. The
+# one-shot jobs' driver JVM keeps the classes it loads where docker-compose.yml mounts a
+# volume (a new volume takes this directory's owner): their next runs map them.
 ENV PYSPARK_PYTHON=python3 \
-    PYSPARK_DRIVER_PYTHON=python3
+    PYSPARK_DRIVER_PYTHON=python3 \
+    SHARECOORD_SPARK_CLASS_CACHE=/var/cache/sharecoord/spark-classes
 
 USER spark
 WORKDIR /opt/spark/work-dir

@@ -42,6 +42,7 @@ COMPOSE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "Dockerfile"
 DOCKERIGNORE = REPO_ROOT / ".dockerignore"
 DATA_VOLUME = "sharecoord-data"
+CLASSES_VOLUME = "sharecoord-spark-classes:/var/cache/sharecoord/spark-classes"
 SPARK_CLASS = "/opt/spark/bin/spark-class"
 TOKEN_SECRET = "sharecoord-token"
 SPARK_UID = "185"  # the spark user of the apache/spark images, which the services run as
@@ -141,8 +142,24 @@ def test_every_service_runs_the_one_image_and_shares_the_data_volume(
     image = f"sharecoord:{pyproject['project']['version']}"
     for name, service in services(compose).items():
         assert service["image"] == image, name
-        assert service["volumes"] == [f"{DATA_VOLUME}:/data"], name
+        assert service["volumes"][0] == f"{DATA_VOLUME}:/data", name
+        assert service["volumes"][1:] == ([CLASSES_VOLUME] if name in ONE_SHOT_JOBS else [])
     assert compose["volumes"][DATA_VOLUME] is None
+
+
+def test_the_jobs_keep_their_driver_classes_in_a_volume_the_image_made_theirs(
+    compose: dict[str, Any],
+) -> None:
+    """A `run --rm` container's home goes with it: the class cache the image names
+    (spark_jobs/classcache.py) is a volume, its mount point made and owned by the
+    image's user so that a new volume is theirs to write."""
+    instructions = dockerfile_instructions()
+    env = " ".join(rest for word, rest in instructions if word == "ENV")
+    cache = CLASSES_VOLUME.split(":", 1)[1]
+    assert f"SHARECOORD_SPARK_CLASS_CACHE={cache}" in env.split()
+    runs = " ".join(rest for word, rest in instructions if word == "RUN")
+    assert f"mkdir -p /data {cache}" in runs and f"chown spark:spark /data {cache}" in runs
+    assert compose["volumes"][CLASSES_VOLUME.split(":", 1)[0]] is None
 
 
 def test_one_service_builds_the_image_the_others_reuse(compose: dict[str, Any]) -> None:
