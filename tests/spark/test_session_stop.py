@@ -23,20 +23,20 @@ STOP_SCRIPT = textwrap.dedent(
     sc = spark.sparkContext
     total = sc.accumulator(0)
     sc.parallelize(range(10), 2).foreach(lambda x: total.add(x))
-    server = sc._accumulatorServer
+    updates = sc._accumulatorServer
     stopped_in = []
-    real_shutdown = server.shutdown
+    real_shutdown = updates.shutdown
 
     def shutdown():
         stopped_in.append(threading.current_thread().name)
         real_shutdown()
 
-    server.shutdown = shutdown
+    updates.shutdown = shutdown
     stop_session(spark)
     for thread in threading.enumerate():
         if thread.name == "accumulator-stop":
             thread.join()
-    print(total.value, stopped_in, server.server_shutdown, server.socket.fileno())
+    print(total.value, stopped_in, updates.server_shutdown, updates.socket.fileno())
     """
 )
 
