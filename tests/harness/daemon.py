@@ -44,6 +44,7 @@ SHARECOORD = (sys.executable, "-m", "server.commands.cli")
 # A safety net against a hung test, never a timing assertion.
 STOP_TIMEOUT_S = 120.0
 
+CLASS_CACHE_ENV = "SHARECOORD_SPARK_CLASS_CACHE"
 _TEXT_LISTENING = re.compile(r"^sharecoord listening on (https?)://(\S+):(\d+)$")
 
 
@@ -52,8 +53,10 @@ _TEXT_LISTENING = re.compile(r"^sharecoord listening on (https?)://(\S+):(\d+)$"
 
 def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of a daemon or CLI child: ours, minus any SHARECOORD_ setting that
-    would leak into it, plus the repository root on PYTHONPATH."""
+    would leak into it, plus the repository root on PYTHONPATH. Its Spark jobs keep no
+    class archive (as tests/conftest.py says for the suite): none in the user's cache."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHARECOORD_")}
+    env[CLASS_CACHE_ENV] = "off"
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
     env.update(extra or {})
