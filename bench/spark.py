@@ -159,13 +159,16 @@ def audit_scenarios(work: Path, quick: bool) -> list[dict[str, Any]]:
     label, day = _label(size), size // 7
     out = work / f"audit-{label}"
     timings: list[float] = []
+    notes: list[str] = []
 
     def full_audit_with_a_checkpoint() -> None:
-        seconds, _ = _cli(
+        seconds, out_text = _cli(
             "audit", "--data-dir", str(work / f"audit-log-{label}"), "--out", str(out),
             "--master", "local[2]", "--since-last",
         )  # fmt: skip
         timings.append(seconds)
+        if wrote_class_archive(out_text):
+            notes.append("this run wrote the driver JVM's class archive (once per machine)")
         print(f"  audit, full: {seconds:.1f}s", flush=True)
 
     pristine, built = _build(
@@ -175,7 +178,9 @@ def audit_scenarios(work: Path, quick: bool) -> list[dict[str, Any]]:
         pause_at=size,
         on_pause=full_audit_with_a_checkpoint,
     )
-    rows = [_row(f"sharecoord audit {label}, full (local[2], end to end)", size, timings[0])]
+    rows = [
+        _row(f"sharecoord audit {label}, full (local[2], end to end)", size, timings[0], *notes)
+    ]
     seconds, _ = _cli(
         "audit", "--data-dir", str(pristine), "--out", str(out), "--master", "local[2]",
         "--since-last",
