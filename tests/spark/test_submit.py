@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyspark
@@ -30,10 +31,20 @@ from tests.spark.test_audit import ANOMALOUS_LOG, appended_of, b, build, key, sn
 JOB_TIMEOUT_S = 300
 
 
-@pytest.fixture
-def job_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, list[str]]]:
+@dataclass(frozen=True)
+class Submitted:
+    """A job the CLI would have submitted: what run_job was given."""
+
+    job: str
+    master: str
+    job_args: list[str]
+    env_cache: str | None = None
+    class_cache: str | None = None
+
+
+def record_jobs(monkeypatch: pytest.MonkeyPatch) -> list[Submitted]:
     """Record the jobs the CLI would submit instead of starting Spark."""
-    runs: list[tuple[str, str, list[str]]] = []
+    runs: list[Submitted] = []
 
     def run_job(
         job: str,
@@ -42,10 +53,17 @@ def job_runs(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str, list[str]]
         env_cache: str | None = None,
         class_cache: str | None = None,
     ) -> int:
-        runs.append((job, master, list(job_args)))
+        runs.append(Submitted(job, master, list(job_args), env_cache, class_cache))
         return 0
 
     monkeypatch.setattr(submit, "run_job", run_job)
+    return runs
+
+
+@pytest.fixture
+def job_runs(monkeypatch: pytest.MonkeyPatch) -> list[Submitted]:
+    """The jobs the CLI would submit, with no SHARECOORD_ setting in the environment."""
+    runs = record_jobs(monkeypatch)
     for name in list(os.environ):
         if name.startswith("SHARECOORD_"):
             monkeypatch.delenv(name)
@@ -75,9 +93,7 @@ def compact_args(data_dir: str, retention: str) -> list[str]:
     ]  # fmt: skip
 
 
-def test_compact_takes_its_flags(
-    job_runs: list[tuple[str, str, list[str]]], sealed_log: str
-) -> None:
+def test_compact_takes_its_flags(job_runs: list[Submitted], sealed_log: str) -> None:
     code = sharecoord(
         [
             "compact",
@@ -90,11 +106,11 @@ def test_compact_takes_its_flags(
         ]
     )
     assert code == 0
-    assert job_runs == [("compact", "spark://m:7077", compact_args(sealed_log, "5"))]
+    assert job_runs == [Submitted("compact", "spark://m:7077", compact_args(sealed_log, "5"))]
 
 
 def test_compact_reads_the_environment_and_the_config_file(
-    job_runs: list[tuple[str, str, list[str]]],
+    job_runs: list[Submitted],
     sealed_log: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -106,11 +122,11 @@ def test_compact_reads_the_environment_and_the_config_file(
     monkeypatch.setenv("SHARECOORD_TOMBSTONE_RETENTION_MS", "9")  # env wins over the file
     monkeypatch.chdir(tmp_path)
     assert sharecoord(["compact", "--config", str(config)]) == 0
-    assert job_runs == [("compact", "local[3]", compact_args(sealed_log, "9"))]
+    assert job_runs == [Submitted("compact", "local[3]", compact_args(sealed_log, "9"))]
 
 
 def test_audit_takes_its_settings_and_makes_paths_absolute(
-    job_runs: list[tuple[str, str, list[str]]],
+    job_runs: list[Submitted],
     small_log: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -118,13 +134,12 @@ def test_audit_takes_its_settings_and_makes_paths_absolute(
     monkeypatch.setenv("SHARECOORD_DELIVERY_LIMIT", "8")
     assert sharecoord(["audit", "--data-dir", "data", "--out", "report"]) == 0
     out = str(Path(small_log).parent / "report")
-    assert job_runs == [
-        ("audit", "local[*]", ["--out", out, "--data-dir", small_log, "--delivery-limit", "8"])
-    ]
+    job_args = ["--out", out, "--data-dir", small_log, "--delivery-limit", "8"]
+    assert job_runs == [Submitted("audit", "local[*]", job_args)]
 
 
 def test_usage_errors_exit_2_before_any_spark(
-    job_runs: list[tuple[str, str, list[str]]],
+    job_runs: list[Submitted],
     small_log: str,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
@@ -296,7 +311,7 @@ def one_line(text: str) -> str:
 
 @pytest.mark.parametrize("command", ["compact", "audit"])
 def test_no_java_is_a_one_line_usage_error_before_spark_submit(
-    job_runs: list[tuple[str, str, list[str]]],
+    job_runs: list[Submitted],
     sealed_log: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -316,7 +331,7 @@ def test_no_java_is_a_one_line_usage_error_before_spark_submit(
 
 @pytest.mark.parametrize("master", ["bogus://x", "spark://host", "local[0]", "yarn cluster"])
 def test_a_malformed_master_is_a_one_line_usage_error_before_spark_submit(
-    job_runs: list[tuple[str, str, list[str]]],
+    job_runs: list[Submitted],
     sealed_log: str,
     capsys: pytest.CaptureFixture[str],
     master: str,
@@ -327,7 +342,7 @@ def test_a_malformed_master_is_a_one_line_usage_error_before_spark_submit(
 
 
 def test_compact_with_nothing_sealed_says_so_in_one_line_and_starts_no_job(
-    job_runs: list[tuple[str, str, list[str]]],
+    job_runs: list[Submitted],
     small_log: str,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -357,19 +372,7 @@ def test_the_caches_reach_the_job_on_either_store(
     """--spark-env-cache is where a cluster's environment archive is packed and kept,
     --spark-class-cache where the driver JVM's classes are, over a data directory and
     over the PostgreSQL store alike."""
-    runs: list[tuple[str, str | None, str | None]] = []
-
-    def run_job(
-        job: str,
-        master: str,
-        job_args: list[str],
-        env_cache: str | None = None,
-        class_cache: str | None = None,
-    ) -> int:
-        runs.append((job, env_cache, class_cache))
-        return 0
-
-    monkeypatch.setattr(submit, "run_job", run_job)
+    runs = record_jobs(monkeypatch)
     # The CLI hands the URI on to the job in the environment: set and unset here, so
     # that the test's end undoes what the CLI leaves there.
     monkeypatch.setenv(STATE_STORE_ENV, "unset")
@@ -383,4 +386,6 @@ def test_the_caches_reach_the_job_on_either_store(
     assert sharecoord(["compact", "--data-dir", sealed_log, *shipping]) == 0
     assert sharecoord(["compact", *where, *shipping]) == 0
     assert sharecoord(["audit", *where, "--out", str(tmp_path / "out"), *shipping]) == 0
-    assert runs == [(job, cache, classes) for job in ("compact", "compact", "audit")]
+    assert [(r.job, r.env_cache, r.class_cache) for r in runs] == [
+        (job, cache, classes) for job in ("compact", "compact", "audit")
+    ]
