@@ -28,6 +28,7 @@ from bench.logs import NUM_PARTITIONS, build_log
 from persistence import list_segments, partition_dir, read_partition
 from protocol.records import RecordDecoder
 from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
+from spark_jobs.classcache import WRITING_NOTICE
 from spark_jobs.fold import fold_records
 from spark_jobs.sealed import read_sealed_segments
 
@@ -67,7 +68,7 @@ def _cli(*args: str) -> tuple[float, str]:
 def wrote_class_archive(out: str) -> bool:
     """Whether a job's run was its first on this machine (spark_jobs/classcache.py): it
     wrote the archive the next runs map, a few seconds that a later run does not pay."""
-    return "the driver JVM keeps the classes it loads in" in out
+    return WRITING_NOTICE in out
 
 
 def python_fold(data_dir: Path) -> tuple[float, int]:

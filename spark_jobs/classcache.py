@@ -32,10 +32,12 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 
-from spark_jobs.shipenv import prune_cache
+from spark_jobs.shipenv import cache_root, prune_cache
 
 # The setting's value that keeps no archive.
 OFF = "off"
+# How the line a run that writes an archive prints begins, after "sharecoord JOB: ".
+WRITING_NOTICE = "the driver JVM keeps the classes it loads in"
 ARCHIVE_PREFIX = "driver-"
 ARCHIVE_SUFFIX = ".jsa"
 PARTIAL_PREFIX = ".writing-"
@@ -82,8 +84,7 @@ class ClassCache:
 
 
 def default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "sharecoord", "spark-classes")
+    return os.path.join(cache_root(), "spark-classes")
 
 
 def driver_java() -> str | None:

@@ -75,9 +75,14 @@ class Packed:
     size_bytes: int
 
 
-def default_cache_dir() -> str:
+def cache_root() -> str:
+    """sharecoord's directory of caches: $XDG_CACHE_HOME/sharecoord (~/.cache/...)."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "sharecoord", "spark-env")
+    return os.path.join(base, "sharecoord")
+
+
+def default_cache_dir() -> str:
+    return os.path.join(cache_root(), "spark-env")
 
 
 def base_python() -> str:

@@ -85,9 +85,8 @@ def run_job(
             return EXIT_FAILURE
         if classes.partial is not None:
             out.write(
-                f"sharecoord {job}: the driver JVM keeps the classes it loads in "
-                f"{classes.archive} as it exits, for the next runs to map (once, a few "
-                "seconds)\n"
+                f"sharecoord {job}: {classcache.WRITING_NOTICE} {classes.archive} as it "
+                "exits, for the next runs to map (once, a few seconds)\n"
             )
             out.flush()
         with subprocess.Popen(
