@@ -62,15 +62,34 @@ def prefix_hash(group_id: str, topic_id: str) -> int:
 
 
 def partition_for_prefix(prefix: int, partition: int, num_partitions: int) -> int:
-    """``partition_for`` given ``prefix_hash(group_id, topic_id)``."""
-    h = prefix
-    for ch in str(partition):
-        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    """``partition_for`` given ``prefix_hash(group_id, topic_id)``: the same polynomial
+    rule once more, with the partition's digits hashed ahead for the usual numbers."""
+    if 0 <= partition < _DIGITS_AHEAD:
+        digits_hash, scale = _DIGITS_HASH[partition]
+        h = (prefix * scale + digits_hash) & 0xFFFFFFFF
+    else:
+        h = prefix
+        for ch in str(partition):
+            h = (31 * h + ord(ch)) & 0xFFFFFFFF
     if h & 0x80000000:
         h -= 1 << 32
         # Kafka's Utils.abs: like abs, but Integer.MIN_VALUE maps to 0.
         h = 0 if h == _INT32_MIN else -h
     return h % num_partitions
+
+
+def _digits_hash(partition: int) -> tuple[int, int]:
+    """Java's hash of ``str(partition)`` from 0, and 31 to the power of its length."""
+    digits = str(partition)
+    h = 0
+    for ch in digits:
+        h = 31 * h + ord(ch)
+    return h, 31 ** len(digits)
+
+
+# Topics rarely have more partitions than this; past it, the digits are hashed per call.
+_DIGITS_AHEAD = 4096
+_DIGITS_HASH = [_digits_hash(p) for p in range(_DIGITS_AHEAD)]
 
 
 def partition_for_key(key: str, num_partitions: int) -> int:

@@ -173,3 +173,13 @@ def test_1_3_partition_for_equals_the_hash_of_the_whole_key(group, partition, n)
     topic = "AAAAAAAAAAAAAAAAAAAAAQ"
     key = coordinator_key(group, topic, partition)
     assert partition_for(group, topic, partition, n) == kafka_abs(java_string_hash(key)) % n
+
+
+@pytest.mark.parametrize("group", ["", "group1", "polygenelubricants", "\U0001f600 orders"])
+def test_1_3_partition_numbers_hashed_ahead_route_as_the_whole_key(group):
+    # partition_for_prefix keeps the digits' hashes of the usual partition numbers;
+    # each, and the first numbers past them, must route as Kafka's hash of the key.
+    topic = "AAAAAAAAAAAAAAAAAAAAAQ"
+    for partition in range(4200):
+        key = coordinator_key(group, topic, partition)
+        assert partition_for(group, topic, partition, 50) == kafka_abs(java_string_hash(key)) % 50
