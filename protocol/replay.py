@@ -212,7 +212,7 @@ class ShareStateMap:
             entry.update_count = 0
             self.keys[record.key] = entry
             return
-        entry.leader_fence = update_leader_fence(entry.leader_fence, record.leader_epoch)
+        entry.leader_fence = max(entry.leader_fence, record.leader_epoch)
         old = entry.state
         start = old.start_offset if record.start_offset == -1 else record.start_offset
         if merged is None:

@@ -249,6 +249,9 @@ class ShareCoordinatorShard:
             False,
             len(batches) < 2 or entry.batches_combined,
         )
+        # The cheap bound of _over_the_batch_limit first: it nearly always settles it.
+        if 2 * (len(state.state.state_batches) + len(batches)) <= self.config.max_state_batches:
+            return record, PartitionResult(key.partition, 0, None)
         held = self._over_the_batch_limit(state, record)
         if held is not None:
             message = (

@@ -428,13 +428,15 @@ class PartitionRuntime:
         failure = self.log.failure
         if failure is not None:
             raise PartitionFailedError(self.partition, failure)
-        record, result = _OPERATIONS[rpc](self.shard, key, entry)
         if rpc is Rpc.WRITE:
+            record, result = self.shard.write(key, entry)
             # Kafka's write-total: every write a shard handles, and leader-epoch reads.
             self.shard_writes += 1
             if record is not None:
                 self._append(record)
-        elif record is not None:
+            return result
+        record, result = _OPERATIONS[rpc](self.shard, key, entry)
+        if record is not None:
             if rpc is Rpc.READ:
                 self.shard_writes += 1
             self._append(record)
@@ -508,7 +510,7 @@ class PartitionRuntime:
             if record is None:
                 return None, result, None, None
             merged = shard.merged_update(record) if isinstance(record, ShareUpdate) else None
-            return record, result, _frame(shard, record), merged
+            return record, result, _frame(record, shard.key_state(key)), merged
 
         worked: _Worked = await self._offload(work)
         record, result, framed, merged = worked
@@ -535,7 +537,7 @@ class PartitionRuntime:
         """Frame one record into the log's buffer and replay it; ``framed`` and
         ``merged`` are that work done beforehand (``execute_offloaded``)."""
         shard = self.shard
-        record_type, key_bytes, value = framed or _frame(shard, record)
+        record_type, key_bytes, value = framed or _frame(record, shard.key_state(record.key))
         offset = self.log.append(record_type, key_bytes, value, self._now_ms())
         shard.replay(offset, record, key_bytes, merged)
         unsynced = self._unsynced
@@ -697,10 +699,9 @@ _Merged = tuple[list[StateBatch], bool]
 _Worked = tuple[Record | None, AnyPartitionResult, _Framed | None, _Merged | None]
 
 
-def _frame(shard: ShareCoordinatorShard, record: Record) -> _Framed:
-    """A record as the log stores it. The key's bytes come from its state when it has
-    one (every write after the first)."""
-    state = shard.key_state(record.key)
+def _frame(record: Record, state: KeyState | None) -> _Framed:
+    """A record as the log stores it. The key's bytes come from the key's ``state``
+    when it has one (every write after the first)."""
     key_bytes = state.key_bytes if state is not None else None
     if key_bytes is None:
         key_bytes = encode_key(record.key)

@@ -205,7 +205,7 @@ class KafkaConnection(asyncio.Protocol):
         running = _Running()
         self._pending.append(running)
         self._listener.in_flight += 1
-        task = asyncio.ensure_future(self._run(answer, running))
+        task = self._loop.create_task(self._run(answer, running))
         task.add_done_callback(self._finished)
 
     async def _run(self, answer: Coroutine[Any, Any, bytes], running: _Running) -> None:
