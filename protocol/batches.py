@@ -231,7 +231,14 @@ def merge_one(
     hi = at
     while hi < n and current[hi].first_offset <= last + 1:
         hi += 1
-    walked, clean = _sweep_one([*current[lo:at], batch, *current[at:hi]])
+    if hi - lo == 1:
+        # One stored batch reached (a third of all writes): one step of the walk
+        # resolves the pair, and its pieces neither merge with one another (they touch
+        # only where their infos differ) nor reach past the stretch: final and clean.
+        pair = (current[lo], batch) if lo < at else (batch, current[lo])
+        walked, clean = _resolve(*pair), True
+    else:
+        walked, clean = _sweep_one([*current[lo:at], batch, *current[at:hi]])
     if lo == 0 and hi == n:
         return walked, clean
     return [*current[:lo], *walked, *current[hi:]], clean

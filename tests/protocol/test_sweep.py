@@ -217,3 +217,26 @@ def test_one_batch_over_a_long_clean_state_is_exact_in_linear_steps(monkeypatch,
         assert merged == reference_combine(state, new, -1), (first, last)
         assert clean == is_clean(merged)
         assert len(pushes) <= len(state) + 1
+
+
+def test_one_batch_reaching_one_stored_batch_is_exact_for_every_placement():
+    """merge_one resolves a write that reaches a single stored batch as one step of the
+    walk: every placement of a batch against a stored one (inside, around, across either
+    end, touching, apart), in every order of their infos, on either side of others."""
+    infos = [(0, 1), (2, 1), (4, 1), (2, 2), (0, 3)]
+    checked = 0
+    for stored_info in infos:
+        stored = StateBatch(10, 14, *stored_info)
+        around = [StateBatch(0, 4, 4, 3), stored, StateBatch(21, 25, 0, 1)]
+        for state in ([stored], around):
+            for first in range(6, 19):
+                for last in range(first, 19):
+                    for info in infos:
+                        for start_offset in (-1, 11):
+                            new = [StateBatch(first, last, *info)]
+                            merged, clean = merge_batches(state, True, new, start_offset)
+                            expected = reference_combine(state, new, start_offset)
+                            assert merged == expected, (state, new, start_offset)
+                            assert clean == is_clean(merged), (state, new, start_offset)
+                            checked += 1
+    assert checked == 5 * 2 * 91 * 5 * 2
