@@ -249,10 +249,13 @@ class ShareCoordinatorShard:
             False,
             len(batches) < 2 or entry.batches_combined,
         )
-        # The cheap bound of _over_the_batch_limit first: it nearly always settles it.
-        if 2 * (len(state.state.state_batches) + len(batches)) <= self.config.max_state_batches:
+        # Every batch of a merge's output starts where an input batch starts or just after
+        # one ends, so the key will hold at most twice the stored and the record's batches
+        # together: within the limit (nearly always), there is no merge to count.
+        limit = self.config.max_state_batches
+        if 2 * (len(state.state.state_batches) + len(record.state_batches)) <= limit:
             return record, PartitionResult(key.partition, 0, None)
-        held = self._over_the_batch_limit(state, record)
+        held = self._over_the_batch_limit(record)
         if held is not None:
             message = (
                 f"the share-partition's state would hold {held} state batches, over the "
@@ -358,23 +361,16 @@ class ShareCoordinatorShard:
 
     # --- internals --------------------------------------------------------------------
 
-    def _over_the_batch_limit(self, state: KeyState, record: Record) -> int | None:
+    def _over_the_batch_limit(self, record: ShareSnapshot | ShareUpdate) -> int | None:
         """How many batches the key's state would hold once ``record`` is replayed, if
-        that is more than the limit; None if not. The merge is worked out only when a
-        cheap bound says the limit might be passed: every batch of a merge's output
-        starts where an input batch starts or just after one ends, so an update leaves
-        at most twice the stored and new batches together."""
-        limit = self.config.max_state_batches
+        that is more than the limit; None if not. Exact, so an update's merge is worked
+        out: ``write`` asks only when its cheap bound did not settle it."""
         if isinstance(record, ShareSnapshot):
             held = len(record.state_batches)
         else:
-            assert isinstance(record, ShareUpdate)
-            new = len(record.state_batches)
-            if 2 * (len(state.state.state_batches) + new) <= limit:
-                return None
             merged = self._state.merged_update(record)
-            held = new if merged is None else len(merged[0])
-        return held if held > limit else None
+            held = len(record.state_batches) if merged is None else len(merged[0])
+        return held if held > self.config.max_state_batches else None
 
     def _unknown_topic_partition(self, key: ShareKey) -> bool:
         if self.metadata is None:
@@ -392,7 +388,7 @@ class ShareCoordinatorShard:
         delivery_complete_count: int,
         update_leader_epoch: bool,
         batches_combined: bool = False,
-    ) -> Record:
+    ) -> ShareSnapshot | ShareUpdate:
         """docs/semantics.md §6: a snapshot once the key has had enough updates, else an update.
 
         A write never moves the epochs: the record keeps the stored leader epoch unless
