@@ -81,10 +81,7 @@ def partition_for_prefix(prefix: int, partition: int, num_partitions: int) -> in
 def _digits_hash(partition: int) -> tuple[int, int]:
     """Java's hash of ``str(partition)`` from 0, and 31 to the power of its length."""
     digits = str(partition)
-    h = 0
-    for ch in digits:
-        h = 31 * h + ord(ch)
-    return h, 31 ** len(digits)
+    return java_string_hash(digits), 31 ** len(digits)
 
 
 # Topics rarely have more partitions than this; past it, the digits are hashed per call.
