@@ -215,19 +215,25 @@ async def test_max_retries_bounds_the_attempts(clients, group):
 
 @pytest.fixture
 async def black_hole() -> AsyncIterator[str]:
-    """A server that accepts connections and never answers."""
-    held: list[asyncio.StreamWriter] = []
+    """A server that accepts connections and never answers. Each connection is held
+    from its accept (not from a handler task that may not have run yet when the test
+    ends), so the teardown closes every one before the loop ends."""
+    held: list[asyncio.BaseTransport] = []
 
-    async def swallow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        held.append(writer)
-        await reader.read()
+    class Swallow(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            held.append(transport)
 
-    server = await asyncio.start_server(swallow, "127.0.0.1", 0)
+        def eof_received(self) -> bool:
+            return True  # stay open, as a server that never answers would
+
+    server = await asyncio.get_running_loop().create_server(Swallow, "127.0.0.1", 0)
     yield f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
-    for writer in held:
-        writer.close()
     server.close()
     await server.wait_closed()
+    for transport in held:
+        transport.close()
+    await asyncio.sleep(0)  # their connection_lost, which closes the sockets
 
 
 async def test_a_call_waiting_for_an_answer_ends_at_its_deadline(black_hole, clients, group):
