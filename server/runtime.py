@@ -428,19 +428,41 @@ class PartitionRuntime:
         failure = self.log.failure
         if failure is not None:
             raise PartitionFailedError(self.partition, failure)
+        return self._execute(rpc, key, entry)[0]
+
+    def execute_now(
+        self, rpc: Rpc, key: ShareKey, entry: Any
+    ) -> tuple[AnyPartitionResult, int | None] | None:
+        """``execute`` for an entry that may run now, with the offset its answer must
+        see durable (``pending_offset_of`` after it); None, having done nothing, when
+        the partition is taken (``held``) or the entry is long (``is_long``): it then
+        runs in its turn (``server.turns.execute_in_turn``). The service's one call per
+        entry: the key's state is looked up once for the check, and the offset comes
+        from the append."""
+        if self._held:
+            return None
+        failure = self.log.failure
+        if failure is not None:
+            raise PartitionFailedError(self.partition, failure)
+        if _is_long(self.shard.key_state(key), rpc, entry):
+            return None
+        return self._execute(rpc, key, entry)
+
+    def _execute(
+        self, rpc: Rpc, key: ShareKey, entry: Any
+    ) -> tuple[AnyPartitionResult, int | None]:
+        shard = self.shard
         if rpc is Rpc.WRITE:
-            record, result = self.shard.write(key, entry)
+            record, result = shard.write(key, entry)
             # Kafka's write-total: every write a shard handles, and leader-epoch reads.
             self.shard_writes += 1
-            if record is not None:
-                self._append(record)
-            return result
-        record, result = _OPERATIONS[rpc](self.shard, key, entry)
-        if record is not None:
-            if rpc is Rpc.READ:
+        else:
+            record, result = _OPERATIONS[rpc](shard, key, entry)
+            if record is not None and rpc is Rpc.READ:
                 self.shard_writes += 1
-            self._append(record)
-        return result
+        if record is not None:
+            return result, self._append(record)
+        return result, self.pending_offset_of(key)
 
     def answer_read(self, rpc: Rpc, key: ShareKey, entry: Any) -> AnyPartitionResult | None:
         """A read (Read, ReadSummary) answered from the shard as it is, appending
@@ -485,15 +507,7 @@ class PartitionRuntime:
     def is_long(self, rpc: Rpc, key: ShareKey, entry: Any) -> bool:
         """Whether ``execute`` would hold the loop too long for this entry: a long write,
         or any entry that would fold a long tail first (protocol/loading.py)."""
-        state = self.shard.key_state(key)
-        if state is not None and state.__class__ is LazyKeyState and fold_is_long(state):
-            return True
-        if rpc is not Rpc.WRITE:
-            return False
-        batches = len(entry.state_batches)
-        if batches > OFFLOAD_BATCHES:
-            return True
-        return state is not None and batches + len(state.state.state_batches) > OFFLOAD_BATCHES
+        return _is_long(self.shard.key_state(key), rpc, entry)
 
     async def execute_offloaded(self, rpc: Rpc, key: ShareKey, entry: Any) -> AnyPartitionResult:
         """``execute`` with its work (the rule, the record's encoding, the merge) done on
@@ -533,9 +547,10 @@ class PartitionRuntime:
 
     def _append(
         self, record: Record, framed: _Framed | None = None, merged: _Merged | None = None
-    ) -> None:
+    ) -> int:
         """Frame one record into the log's buffer and replay it; ``framed`` and
-        ``merged`` are that work done beforehand (``execute_offloaded``)."""
+        ``merged`` are that work done beforehand (``execute_offloaded``). Returns the
+        record's offset."""
         shard = self.shard
         record_type, key_bytes, value = framed or _frame(record, shard.key_state(record.key))
         offset = self.log.append(record_type, key_bytes, value, self._now_ms())
@@ -548,6 +563,7 @@ class PartitionRuntime:
         unsynced[record.key] = offset
         self.records_appended += 1
         self.bytes_appended += FRAME_OVERHEAD + len(key_bytes) + (len(value) if value else 0)
+        return offset
 
     def pending_offset(self) -> int | None:
         """The offset an answer given now must wait for, or None if all is durable."""
@@ -697,6 +713,18 @@ class PartitionRuntime:
 _Framed = tuple[int, bytes, bytes | None]  # record type, key, value
 _Merged = tuple[list[StateBatch], bool]
 _Worked = tuple[Record | None, AnyPartitionResult, _Framed | None, _Merged | None]
+
+
+def _is_long(state: KeyState | None, rpc: Rpc, entry: Any) -> bool:
+    """``PartitionRuntime.is_long`` given the key's state."""
+    if state is not None and state.__class__ is LazyKeyState and fold_is_long(state):
+        return True
+    if rpc is not Rpc.WRITE:
+        return False
+    batches = len(entry.state_batches)
+    if batches > OFFLOAD_BATCHES:
+        return True
+    return state is not None and batches + len(state.state.state_batches) > OFFLOAD_BATCHES
 
 
 def _frame(record: Record, state: KeyState | None) -> _Framed:

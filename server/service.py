@@ -226,11 +226,13 @@ class CoordinatorService:
                     touched_here = True
                     key = ShareKey(group_id, key_topic_id, partition)
                     try:
-                        if runtime.held or runtime.is_long(rpc, key, entry):
+                        done = runtime.execute_now(rpc, key, entry)
+                        if done is None:
                             result = await execute_in_turn(runtime, rpc, key, entry)
+                            offset = runtime.pending_offset_of(key)
                             yield_at = clock() + SLICE_S
                         else:
-                            result = runtime.execute(rpc, key, entry)
+                            result, offset = done
                     except Inactive as exc:
                         code = exc.code
                     except PartitionFailedError:
@@ -241,7 +243,7 @@ class CoordinatorService:
                         _log.exception("state partition %d: operation failed", state_partition)
                         code = errors.COORDINATOR_NOT_AVAILABLE
                     else:
-                        _place(placed, state_partition, out, runtime.pending_offset_of(key))
+                        _place(placed, state_partition, out, offset)
                         out.append(result)
                         if result.error_code:
                             failures[result.error_code] = failures.get(result.error_code, 0) + 1
@@ -255,9 +257,10 @@ class CoordinatorService:
         if placed:
             targets = {}
             for state_partition, entries_there in placed.items():
-                offsets = [offset for _, _, offset in entries_there if offset is not None]
-                if offsets:
-                    targets[state_partition] = max(offsets)
+                # The last entry's offset is the highest there (``_place``).
+                last = entries_there[-1][2]
+                if last is not None:
+                    targets[state_partition] = last
             short = await self._durable_ends(targets)
             for state_partition, durable_end in short.items():
                 for out, index, offset in placed[state_partition]:
@@ -588,10 +591,12 @@ def _place(
 ) -> None:
     """Place the result about to be appended to ``out``, with the offset it must see
     durable: its key's last record, and never less than what an earlier entry of the
-    request on the same state partition waits for. A key's own offset spares a read of
-    a quiet key the wait behind another request's long write; within a request, an
-    entry after one a failed commit turns into 15 is 15 too, whichever key it is on
-    (its answer may rest on what that commit lost)."""
+    request on the same state partition waits for (so the last entry placed on a
+    partition waits for the highest offset there, and for none only if none there
+    does). A key's own offset spares a read of a quiet key the wait behind another
+    request's long write; within a request, an entry after one a failed commit turns
+    into 15 is 15 too, whichever key it is on (its answer may rest on what that commit
+    lost)."""
     there = placed.setdefault(state_partition, [])
     if there:
         before = there[-1][2]
