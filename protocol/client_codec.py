@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from protocol.codec import BodyError, Format, decode_body, encode
+from protocol.codec import BodyError, Format, decode_body, decode_with, decoders_by_format, encode
 from protocol.messages import (
     AdminState,
     ErrorBody,
@@ -54,8 +54,15 @@ _RESPONSE_TYPES: dict[Rpc, Any] = {
 }
 
 
+_RESPONSE_DECODERS = {
+    rpc: decoders_by_format(declared) for rpc, declared in _RESPONSE_TYPES.items()
+}
+
+
 def decode_response(rpc: Rpc, body: bytes, fmt: Format) -> ShareGroupStateResponse[Any]:
-    response: ShareGroupStateResponse[Any] = decode_body(_RESPONSE_TYPES[rpc], body, fmt)
+    response: ShareGroupStateResponse[Any] = decode_with(
+        _RESPONSE_DECODERS[rpc][fmt], _RESPONSE_TYPES[rpc], body, fmt
+    )
     return response
 
 
