@@ -164,6 +164,7 @@ class GroupCommitter(Generic[BatchT]):
         self._checkpointer: ThreadPoolExecutor | None = None
         self._wakeup: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # its loop, once started
         self._checkpoint_task: asyncio.Task[None] | None = None
         self._ticker: asyncio.Task[None] | None = None
         self._closing = False
@@ -193,7 +194,7 @@ class GroupCommitter(Generic[BatchT]):
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="sharecoord-commit")
         self._wakeup = asyncio.Event()
         self._cycle_lock = asyncio.Lock()
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         if self._use_kernel_flush:
             self._kernel_flush = KernelFlush.open()
             if self._kernel_flush is not None:
@@ -283,10 +284,11 @@ class GroupCommitter(Generic[BatchT]):
     def wait_durable(self, partition: int, offset: int) -> asyncio.Future[None]:
         """A future that completes once `offset` of `partition` is durable, or fails
         with DurabilityError if that partition's commit fails first."""
-        if self._task is None or self._wakeup is None or self._closing:
+        loop = self._loop
+        if self._task is None or self._wakeup is None or loop is None or self._closing:
             raise RuntimeError("GroupCommitter is not running")
         log = self._log.partition(partition)
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[None] = loop.create_future()
         if offset < log.durable_end_offset:
             future.set_result(None)
         elif log.failure is not None:
@@ -307,9 +309,10 @@ class GroupCommitter(Generic[BatchT]):
     def wait_durable_many(self, targets: dict[int, int]) -> DurabilityBarrier:
         """One barrier for several partitions: partition -> the offset that must be
         durable. Cheaper than a future per partition for a request that touched many."""
-        if self._task is None or self._wakeup is None or self._closing:
+        loop = self._loop
+        if self._task is None or self._wakeup is None or loop is None or self._closing:
             raise RuntimeError("GroupCommitter is not running")
-        barrier = DurabilityBarrier(asyncio.get_running_loop().create_future())
+        barrier = DurabilityBarrier(loop.create_future())
         for partition, offset in targets.items():
             log = self._log.partition(partition)
             if offset < log.durable_end_offset:

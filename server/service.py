@@ -153,7 +153,9 @@ class CoordinatorService:
         if place is None:
             return await self._handle(rpc, request)
         try:
-            await place.turn()
+            before = place.waits_for()
+            if before is not None:
+                await before
             return await self._handle(rpc, request, place.executed)
         finally:
             place.leave()

@@ -60,13 +60,14 @@ class InOrder:
     connection's requests one after the other): each takes a ``Place`` when it comes,
     and ``handle`` runs its entries once the one before has run its own."""
 
-    __slots__ = ("_last",)
+    __slots__ = ("_last", "_loop")
 
-    def __init__(self) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop  # (asyncio.get_running_loop() is ~140 ns a call on 3.11)
         self._last: asyncio.Future[None] | None = None
 
     def enter(self) -> Place:
-        executed = asyncio.get_running_loop().create_future()
+        executed = self._loop.create_future()
         place = Place(self._last, executed)
         self._last = executed
         return place
@@ -81,11 +82,13 @@ class Place:
         self._before = before
         self.executed = executed
 
-    async def turn(self) -> None:
+    def waits_for(self) -> asyncio.Future[None] | None:
+        """What to await before this request runs its entries: the one before it
+        having run its own; None when it may run them now (no coroutine to await)."""
         before = self._before
-        if before is not None and not before.done():
-            await before
-        self._before = None
+        if before is None or before.done():
+            return None
+        return before
 
     def leave(self) -> None:
         """Let the next request run (also when this one failed or never ran)."""

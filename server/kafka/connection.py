@@ -75,7 +75,7 @@ class KafkaConnection(asyncio.Protocol):
         self._buf = bytearray()
         self._transport: asyncio.Transport | None = None
         self._session = SaslSession(listener.api.auth)
-        self._order = InOrder()  # its requests run their entries in the order they came
+        self._order = InOrder(self._loop)  # its requests run their entries in arrival order
         # In request order, until written: answers ready to go, or requests being run.
         self._pending: collections.deque[bytes | _Running] = collections.deque()
         self._admitted = False
