@@ -14,7 +14,7 @@ SERVE_ARGS ?=
 CORE_STAMP := $(VENV)/.installed-core
 DEV_STAMP  := $(VENV)/.installed-dev
 
-.PHONY: venv serve test lint openapi bench reliability clean kafka-peer
+.PHONY: venv serve test lint openapi bench reliability clean kafka-peer compiled pure
 
 venv: $(DEV_STAMP)
 
@@ -42,12 +42,26 @@ kafka-peer: $(DEV_STAMP)
 
 # pytest exits 5 when it collected nothing; a suite that ran nothing is not green.
 # The PostgreSQL store's tests need PostgreSQL's server binaries (.ci/run installs them).
+# Then the compiled pass (tests/compiled.py): the conformance and model tests and the
+# daemon over both transports again, with the request path built by mypyc in a copy of
+# the tree (skipped, saying so, where there is no C compiler).
 test: $(DEV_STAMP) kafka-peer
 	@command -v initdb >/dev/null 2>&1 || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || \
 	echo "make test: no PostgreSQL found, so its tests will fail: apt-get install postgresql (Debian), as .ci/run does" >&2
 	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests (exit 5); treating that as a failure" >&2; exit 1; fi; \
-	exit $$rc
+	$(BIN)/python -m tests.compiled; crc=$$?; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi; \
+	exit $$crc
+
+# The optional compiled mode (server/native.py): the request path's modules built by
+# mypyc beside their source, which Python then imports instead; `make pure` removes
+# them. `serve` refuses a build older than its source.
+compiled: $(DEV_STAMP)
+	$(BIN)/python -m server.native build
+
+pure: | $(BIN)/python
+	$(BIN)/python -m server.native remove
 
 lint: $(DEV_STAMP)
 	$(BIN)/ruff check .

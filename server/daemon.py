@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import uvloop
 
 from persistence import FAILPOINTS_ENV, FaultInjectingFileOps, FileOps, LogError
+from server import native
 from server.catalog import CatalogError
 from server.cluster import ClusterMap
 from server.config import WILDCARD_HOSTS, ServeConfig, advertised_host
@@ -58,6 +59,12 @@ class ListenError(Exception):
 
 def run_server(config: ServeConfig) -> int:
     """Serve until told to stop; returns the process exit code."""
+    stale = native.stale_build()
+    if stale is not None:
+        return _fail(config, stale, EXIT_FAILURE)
+    compiled = native.compiled_modules()
+    if compiled:
+        _log.info("compiled mode: %d of %d modules", len(compiled), len(native.MODULES))
     return_big_buffers_to_the_system()
     # Files are read here, before the loop exists, so nothing blocks it later.
     try:
