@@ -22,7 +22,7 @@ def markdown(results: dict[str, Any]) -> str:
         f"{machine['memory_gib']} GiB, Linux {machine['kernel']}, Python {machine['python']}; "
         f"{machine['filesystem']} with a 4 KiB append + fdatasync taking "
         f"{machine['fdatasync_ms']} ms. "
-        f"{machine['pinning']}.",
+        f"{machine['pinning']}. The daemon's code: {machine.get('code', 'pure Python')}.",
         "",
         "## Requests (wrk over HTTP, bench/kafka_load.py to the Kafka listener; pgbench, "
         "redis-benchmark, bench.replay to the peers)",

@@ -20,6 +20,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from server import native
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -164,7 +166,16 @@ def describe_machine(scratch_dir: str) -> dict[str, Any]:
         "postgres": _first_line([postgres_bin("postgres"), "--version"]),
         "redis": _first_line(["redis-server", "--version"]),
         "pinning": f"servers on CPU {server_cpus()}, load generators on CPU {generator_cpus()}",
+        "code": code_mode(),
     }
+
+
+def code_mode() -> str:
+    """Whether the daemons this run starts (from this checkout) run compiled modules."""
+    compiled = native.compiled_modules()
+    if not compiled:
+        return "pure Python"
+    return f"compiled mode ({len(compiled)} of {len(native.MODULES)} modules, make compiled)"
 
 
 def postgres_bin(name: str) -> str:
