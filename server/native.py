@@ -49,10 +49,12 @@ MODULES = (
     "server/service.py",
     "server/turns.py",
 )
-# The library the compiled modules share, inside a package so that an installed
-# (editable) sharecoord finds it from any working directory.
-GROUP = "server.native_group"
-MANIFEST = "server/native-build.json"
+# The library the compiled modules share, inside this package so that an installed
+# (editable) sharecoord finds it from any working directory; and the manifest of the
+# build beside it. (Built from parts: the documentation scanner would take whole names
+# for references to files a checkout does not have until it builds.)
+GROUP = f"{__package__}.native_group"
+MANIFEST = Path(__package__ or "server") / "native-build.json"
 LOG = "build/native.log"
 
 
