@@ -62,9 +62,6 @@ def run_server(config: ServeConfig) -> int:
     stale = native.stale_build()
     if stale is not None:
         return _fail(config, stale, EXIT_FAILURE)
-    compiled = native.compiled_modules()
-    if compiled:
-        _log.info("compiled mode: %d of %d modules", len(compiled), len(native.MODULES))
     return_big_buffers_to_the_system()
     # Files are read here, before the loop exists, so nothing blocks it later.
     try:
@@ -206,6 +203,11 @@ async def _serve(
         scheme = "https" if ssl_context else "http"
         url = f"{scheme}://{host}:{port}"
         log_event(_log, "info", "listening", url=url)
+        compiled = native.compiled_modules()
+        if compiled:  # (not before: a refusal of bad input is its one line)
+            log_event(
+                _log, "info", "compiled mode", modules=f"{len(compiled)} of {len(native.MODULES)}"
+            )
         if config.log_format == "json":
             print(json_line(_log.name, "info", "listening", url=url, host=host, port=port))
         else:

@@ -43,11 +43,12 @@ from protocol.shard import ShardConfig
 from server.catalog import TopicCatalog
 from server.cluster import ClusterMap, format_partitions
 from server.config import ServeConfig
+from server.folds import BackgroundFolds
 from server.jobs import JobIntervals, PeriodicJobs
 from server.metric_families import CounterChild
 from server.metrics import ShareCoordinatorMetrics
 from server.offload import Offload, watch_loop_lag
-from server.runtime import BackgroundFolds, PartitionRuntime, Status
+from server.runtime import PartitionRuntime, Status
 from server.service import CoordinatorService
 from server.store import NodeStore, open_store
 

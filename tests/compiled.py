@@ -23,7 +23,8 @@ COMPILED_PASS = "SHARECOORD_COMPILED_PASS"
 
 # What must hold in each mode: the combiner and the codecs against their references,
 # the shard's rules and model, Kafka's own share coordinator answering the same requests,
-# the RPCs end to end over HTTP and the Kafka protocol, and what an answer waits for.
+# the RPCs end to end over HTTP and the Kafka protocol, what an answer waits for, and
+# bad input refused in one line.
 TESTS = (
     "tests/protocol",
     "tests/shard",
@@ -32,7 +33,9 @@ TESTS = (
     "tests/server/test_e2e_http.py",
     "tests/server/test_e2e_kafka.py",
     "tests/server/test_long_work.py",
+    "tests/server/test_lazy_load.py",
     "tests/server/test_service_durability.py",
+    "tests/server/test_cli_bad_input.py",
     "tests/test_compiled_mode.py",
 )
 

@@ -32,7 +32,8 @@ from protocol.messages import (
 from protocol.records import RecordDecoder, ShareKey, encode_key, encode_value, record_type
 from protocol.replay import KeyState, ShareStateMap
 from protocol.shard import ShardConfig, ShareCoordinatorShard
-from server.runtime import BackgroundFolds, PartitionRuntime
+from server.folds import BackgroundFolds
+from server.runtime import PartitionRuntime
 from server.turns import execute_in_turn
 
 TOPIC = "AAAAAAAAAAAAAAAAAAAAAA"
