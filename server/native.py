@@ -115,7 +115,7 @@ def stale_build(root: Path = ROOT) -> str | None:
 
 def build(root: Path = ROOT) -> int:
     """Compile ``MODULES`` in place; 0 when built. gcc's output goes to ``LOG``."""
-    remove(root)
+    remove(root, quiet=True)
     log_path = root / LOG
     log_path.parent.mkdir(exist_ok=True)
     with open(log_path, "w") as log:
@@ -137,10 +137,13 @@ def build(root: Path = ROOT) -> int:
     return 0
 
 
-def remove(root: Path = ROOT) -> int:
-    for path in _built_files(root):
+def remove(root: Path = ROOT, quiet: bool = False) -> int:
+    built = _built_files(root)
+    for path in built:
         path.unlink()
     (root / MANIFEST).unlink(missing_ok=True)
+    if not quiet:
+        print(f"pure mode: {len(built)} compiled files removed" if built else "pure mode already")
     return 0
 
 
