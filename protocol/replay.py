@@ -129,13 +129,15 @@ class ShareStateMap:
         record: Record,
         key_bytes: bytes | None = None,
         merged: tuple[list[StateBatch], bool] | None = None,
+        state: KeyState | None = None,
     ) -> None:
         """Apply one record read from (or just appended to) the log at ``offset``;
         ``key_bytes`` is its key as the log holds it, when the caller has it. ``merged``:
         an update's batches already merged into the key's state, as ``merged_update``
-        gave them for the state the key still has."""
+        gave them for the state the key still has. ``state``: the key's entry in this
+        map, when the caller looked it up already (an update uses it)."""
         if isinstance(record, ShareUpdate):
-            self._replay_update(record, key_bytes, merged)
+            self._replay_update(record, key_bytes, merged, state)
         elif isinstance(record, ShareSnapshot):
             self._replay_snapshot(offset, record, key_bytes)
         elif isinstance(record, ShareTombstone):
@@ -194,8 +196,10 @@ class ShareStateMap:
         record: ShareUpdate,
         key_bytes: bytes | None,
         merged: tuple[list[StateBatch], bool] | None = None,
+        entry: KeyState | None = None,
     ) -> None:
-        entry = self.keys.get(record.key)
+        if entry is None:
+            entry = self.keys.get(record.key)
         if entry is None:
             # Not reachable through the RPCs (they require Initialize), but a log may hold it.
             state = ShareGroupOffset(

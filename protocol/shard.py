@@ -119,8 +119,11 @@ class ShareCoordinatorShard:
         record: Record,
         key_bytes: bytes | None = None,
         merged: tuple[list[StateBatch], bool] | None = None,
+        state: KeyState | None = None,
     ) -> None:
-        self._state.replay(offset, record, key_bytes, merged)
+        """``ShareStateMap.replay``; ``state``: the record's key's, when the caller
+        looked it up already."""
+        self._state.replay(offset, record, key_bytes, merged, state)
 
     def loaded(
         self, entries: Iterable[tuple[ShareKey, KeyState]], tombstone_offset: int | None
@@ -223,9 +226,13 @@ class ShareCoordinatorShard:
         record = self._write_record(key, state, leader_epoch, stored.start_offset, [], -1, True)
         return record, result
 
-    def write(self, key: ShareKey, entry: WritePartition) -> tuple[Record | None, PartitionResult]:
-        """docs/semantics.md §5.3: fence both epochs (-1 exempt), then exactly one record (§6)."""
-        state = self._keys.get(key)
+    def write(
+        self, key: ShareKey, entry: WritePartition, state: KeyState | None = None
+    ) -> tuple[Record | None, PartitionResult]:
+        """docs/semantics.md §5.3: fence both epochs (-1 exempt), then exactly one record (§6).
+        ``state``: the key's, when the caller looked it up already."""
+        if state is None:
+            state = self._keys.get(key)
         if state is None:
             return None, PartitionResult(
                 key.partition, errors.INVALID_REQUEST, errors.MSG_WRITE_UNINITIALIZED

@@ -390,7 +390,7 @@ class PartitionRuntime:
         failure = self.log.failure
         if failure is not None:
             raise PartitionFailedError(self.partition, failure)
-        return self._execute(rpc, key, entry)[0]
+        return self._execute(rpc, key, entry, self.shard.key_state(key))[0]
 
     def execute_now(
         self, rpc: Rpc, key: ShareKey, entry: Any
@@ -399,23 +399,25 @@ class PartitionRuntime:
         see durable (``pending_offset_of`` after it); None, having done nothing, when
         the partition is taken (``held``) or the entry is long (``is_long``): it then
         runs in its turn (``server.turns.execute_in_turn``). The service's one call per
-        entry: the key's state is looked up once for the check, and the offset comes
-        from the append."""
+        entry: the key's state is looked up once, for the check, the shard's rule, the
+        frame and the replay, and the offset comes from the append."""
         if self._held:
             return None
         failure = self.log.failure
         if failure is not None:
             raise PartitionFailedError(self.partition, failure)
-        if _is_long(self.shard.key_state(key), rpc, entry):
+        state = self.shard.key_state(key)
+        if _is_long(state, rpc, entry):
             return None
-        return self._execute(rpc, key, entry)
+        return self._execute(rpc, key, entry, state)
 
     def _execute(
-        self, rpc: Rpc, key: ShareKey, entry: Any
+        self, rpc: Rpc, key: ShareKey, entry: Any, state: KeyState | None
     ) -> tuple[AnyPartitionResult, int | None]:
+        """``state``: the key's, as the shard holds it now (None for a key without)."""
         shard = self.shard
         if rpc is Rpc.WRITE:
-            record, result = shard.write(key, entry)
+            record, result = shard.write(key, entry, state)
             # Kafka's write-total: every write a shard handles, and leader-epoch reads.
             self.shard_writes += 1
         else:
@@ -423,7 +425,7 @@ class PartitionRuntime:
             if record is not None and rpc is Rpc.READ:
                 self.shard_writes += 1
         if record is not None:
-            return result, self._append(record)
+            return result, self._append(record, state=state)
         return result, self.pending_offset_of(key)
 
     def answer_read(self, rpc: Rpc, key: ShareKey, entry: Any) -> AnyPartitionResult | None:
@@ -508,15 +510,22 @@ class PartitionRuntime:
         return len(records)
 
     def _append(
-        self, record: Record, framed: _Framed | None = None, merged: _Merged | None = None
+        self,
+        record: Record,
+        framed: _Framed | None = None,
+        merged: _Merged | None = None,
+        state: KeyState | None = None,
     ) -> int:
         """Frame one record into the log's buffer and replay it; ``framed`` and
-        ``merged`` are that work done beforehand (``execute_offloaded``). Returns the
+        ``merged`` are that work done beforehand (``execute_offloaded``), ``state`` the
+        record's key's state when the caller has it (looked up when None). Returns the
         record's offset."""
         shard = self.shard
-        record_type, key_bytes, value = framed or _frame(record, shard.key_state(record.key))
+        if state is None:
+            state = shard.key_state(record.key)
+        record_type, key_bytes, value = framed or _frame(record, state)
         offset = self.log.append(record_type, key_bytes, value, self._now_ms())
-        shard.replay(offset, record, key_bytes, merged)
+        shard.replay(offset, record, key_bytes, merged, state)
         unsynced = self._unsynced
         if len(unsynced) >= self._unsynced_sweep_at:
             durable = self.log.durable_end_offset
