@@ -61,6 +61,12 @@ PREFIX = struct.Struct(">II")  # length, crc
 HEADER = struct.Struct(">IIBBqqI")  # length .. key_length: everything before the key
 BODY_HEAD = struct.Struct(">BBqqI")  # magic .. key_length: the checksummed part of HEADER
 VALUE_LENGTH = struct.Struct(">i")
+# What every append calls, bound once: a compiled module (server/native.py) would look
+# the method up on the Struct, or the function up on its module, at each call.
+_pack_prefix = PREFIX.pack
+_pack_body_head = BODY_HEAD.pack
+_pack_value_length = VALUE_LENGTH.pack
+_crc32 = zlib.crc32
 
 HEADER_SIZE = HEADER.size  # 30
 assert HEADER_SIZE == KEY_AT
@@ -149,15 +155,15 @@ def encode_frame_into(
     try:
         body = b"".join(
             (
-                BODY_HEAD.pack(MAGIC, record_type, offset, timestamp, len(key)),
+                _pack_body_head(MAGIC, record_type, offset, timestamp, len(key)),
                 key,
-                VALUE_LENGTH.pack(value_length),
+                _pack_value_length(value_length),
                 value or b"",
             )
         )
     except struct.error as exc:
         raise ValueError(f"record field out of range: {exc}") from None
-    buffer += PREFIX.pack(length, zlib.crc32(body))
+    buffer += _pack_prefix(length, _crc32(body))
     buffer += body
 
 
