@@ -13,8 +13,6 @@ report names the mode either way. ``python -m bench`` alone benches the tree as 
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import sys
 
@@ -29,11 +27,11 @@ def _build_if_needed() -> bool | None:
     if was_compiled and native.stale_build() is None:
         print("bench: the compiled mode is built already; benching it", flush=True)
         return False
-    if shutil.which(os.environ.get("CC", "cc")) is None:
+    if not native.has_compiler():
         print("bench: no C compiler (cc), so no compiled mode; benching pure Python", flush=True)
         return None
     if was_compiled:
-        print("bench: the compiled modules are older than their source; building again")
+        print("bench: the compiled modules are older than their source; building again", flush=True)
     else:
         print("bench: building the compiled mode for this run (removed after it)", flush=True)
     if native.build() != 0:

@@ -21,6 +21,8 @@ import hashlib
 import importlib.machinery
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -88,6 +90,11 @@ def _built_files(root: Path) -> list[Path]:
     package, _, name = GROUP.rpartition(".")
     found += sorted((root / package.replace(".", "/")).glob(f"{name}__mypyc.*.so"))
     return found
+
+
+def has_compiler() -> bool:
+    """Whether this machine has the C compiler a build needs (``$CC``, else ``cc``)."""
+    return shutil.which(os.environ.get("CC", "cc")) is not None
 
 
 def compiled_modules() -> list[str]:

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from server import native
+
 ROOT = Path(__file__).resolve().parents[1]
 TREE = ROOT / "build" / "compiled-tree"
 # Set for the pass's pytest: tests/test_compiled_mode.py then checks it runs compiled.
@@ -67,7 +69,7 @@ def _copy_tree() -> None:
 
 
 def main(argv: list[str]) -> int:
-    if shutil.which(os.environ.get("CC", "cc")) is None:
+    if not native.has_compiler():
         print("make test: no C compiler (cc), so no compiled mode to test; skipped")
         return 0
     _copy_tree()

@@ -42,7 +42,7 @@ def tree(monkeypatch: pytest.MonkeyPatch) -> _Tree:
     state = _Tree(compiled_now=False)
     for name in ("compiled_modules", "stale_build", "build", "remove"):
         monkeypatch.setattr(compiled.native, name, getattr(state, name))
-    monkeypatch.setattr(compiled.shutil, "which", lambda _name: "/usr/bin/cc")
+    monkeypatch.setattr(compiled.native, "has_compiler", lambda: True)
     return state
 
 
@@ -103,7 +103,7 @@ def test_a_stale_build_is_rebuilt_and_kept(tree: _Tree, monkeypatch: pytest.Monk
 def test_without_a_compiler_the_pure_modules_are_benched(
     tree: _Tree, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(compiled.shutil, "which", lambda _name: None)
+    monkeypatch.setattr(compiled.native, "has_compiler", lambda: False)
     seen: list[Any] = []
     monkeypatch.setattr(compiled.subprocess, "run", _child(tree, seen))
     assert compiled.main([]) == 0
