@@ -19,6 +19,7 @@ Writes bench/results/latest.{json,md,png} and prints the Markdown table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -304,6 +305,7 @@ def latency_scenarios(work: Path, duration: float) -> tuple[list[LoadResult], li
                     run_open_loop(
                         "sharecoord", protocol, at_port, requests,
                         rate=share * top, duration_s=duration, load_share=share,
+                        server_pid=proc.pid, commits=functools.partial(commit_cycles, base),
                     )
                 )  # fmt: skip
                 _say(_open_loop_line(rows[-1]))
@@ -314,13 +316,14 @@ def latency_scenarios(work: Path, duration: float) -> tuple[list[LoadResult], li
     ):
         port = free_port()
         null = pinned(server_cpus(), [sys.executable, "-m", module, str(port)])
-        with running(null, env=python_env(), log=str(work / f"{module}.log")):
+        with running(null, env=python_env(), log=str(work / f"{module}.log")) as null_proc:
             wait_for_port(port)
             for share in LOAD_SHARES:
                 rows.append(
                     run_open_loop(
                         "null server", protocol, port, requests,
                         rate=share * top, duration_s=duration, load_share=share,
+                        server_pid=null_proc.pid,
                     )
                 )  # fmt: skip
                 _say(_open_loop_line(rows[-1]))
@@ -365,6 +368,17 @@ def _wait_folded(base: str, deadline_s: float = 300) -> float:
         # a seventh of the loop from the folds it times.
         time.sleep(0.1)
     raise TimeoutError(f"{base}: keys still unfolded after {deadline_s}s")
+
+
+def commit_cycles(base: str) -> int:
+    """The daemon's group commit cycles so far, from its metrics."""
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
+        text = response.read().decode()
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("sharecoord_group_commit_partitions_count")
+    )
 
 
 def _check_no_errors(base: str) -> None:

@@ -1,6 +1,7 @@
 """An open-loop load generator: requests at a fixed rate, latency from the scheduled time.
 
-    python -m bench.open_loop http|kafka HOST PORT FILE RATE SECONDS [CONNECTIONS]
+    python -m bench.open_loop [--server-pid PID] http|kafka HOST PORT FILE RATE SECONDS
+                              [CONNECTIONS]
 
 A closed loop (wrk, bench/kafka_load.py) sends the next request when an answer comes
 back, so a slow answer delays the requests behind it and its delay is never counted:
@@ -17,7 +18,12 @@ WriteShareGroupState frames of ``bench.kafka_load.write_frames``. CONNECTIONS
 connections (64 by default) each carry one request at a time; a request due while all
 are busy waits for the first one free, its clock running. The first second is warm-up
 and not counted. Prints one JSON object: offered and answered rate, p50/p99/p99.9 in
-ms, the requests counted, and errors (answers that were not 200 or not frames).
+ms, the requests counted and sent (the warm-up's included), errors (answers that were
+not 200 or not frames), and with ``--server-pid`` the server's CPU over the counted
+seconds as a share of one core (read from /proc when they begin and once every request
+is answered, the server's threads included): how busy a
+rate keeps the server, which is not the rate's share of its maximum when the work per
+request depends on the load.
 
 Everything runs in callbacks on uvloop, a few microseconds of Python per request;
 ``run_open_loop`` runs it pinned to the generator CPU and returns its figures.
@@ -32,11 +38,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.system import generator_cpus, pinned
+from bench.system import cpu_seconds, generator_cpus, pinned
 
 WARMUP_S = 1.0
 WRITE_PATH = "/v1/share-group-state/write"
@@ -54,6 +61,9 @@ class OpenLoopResult:
     requests: int
     errors: int
     load_share: float = 0.0  # the offered rate as a share of the measured maximum
+    sent: int = 0  # every request sent, the warm-up's included
+    server_cpu: float | None = None  # share of one core over the counted seconds
+    writes_per_fsync: float | None = None  # sharecoord's: sent / its commit cycles
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,9 +203,27 @@ class _Run:
             done.set_result(None)
 
 
+class _ServerCpu:
+    """The server's CPU seconds when the counted seconds begin and when they end."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.marks: list[tuple[float, float]] = []
+
+    def mark(self) -> None:
+        """(now, the server's CPU seconds): a read of /proc, off the loop that sends."""
+        self.marks.append((time.perf_counter(), cpu_seconds([self.pid])))
+
+    def share(self) -> float | None:
+        if len(self.marks) < 2:
+            return None
+        (began, used_then), (ended, used_now) = self.marks[0], self.marks[-1]
+        return (used_now - used_then) / (ended - began) if ended > began else None
+
+
 async def _main(
     kafka: bool, host: str, port: int, requests: list[bytes], rate: float, seconds: float,
-    connections: int,
+    connections: int, server_pid: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     loop = asyncio.get_running_loop()
     run = _Run(requests, rate, seconds + WARMUP_S, kafka)
@@ -204,9 +232,18 @@ async def _main(
     await asyncio.gather(*(loop.create_connection(lambda c=c: c, host, port) for c in opened))
     run.start = time.perf_counter()
     run.count_from = run.start + WARMUP_S
+    server = _ServerCpu(server_pid) if server_pid is not None else None
+    marked: list[asyncio.Future[None]] = []
+    if server is not None:
+        loop.call_later(
+            WARMUP_S, lambda: marked.append(loop.run_in_executor(None, server.mark))
+        )
     run.tick(loop)
     try:
         await asyncio.wait_for(run.done, seconds + WARMUP_S + 60)
+        if server is not None:  # every request answered: the counted seconds are over
+            await asyncio.gather(*marked)
+            await loop.run_in_executor(None, server.mark)
     finally:
         run.stopped = True
         for c in opened:
@@ -226,32 +263,47 @@ async def _main(
         "p999_ms": at(0.999),
         "requests": count,
         "errors": run.errors,
+        "sent": run.sent,
+        "server_cpu": None if server is None else server.share(),
     }
 
 
 def main() -> None:
     import uvloop  # noqa: PLC0415
 
-    protocol, host, port_text, path, rate, seconds = sys.argv[1:7]
-    connections = int(sys.argv[7]) if len(sys.argv) > 7 else 64
+    args = sys.argv[1:]
+    server_pid = None
+    if args[:1] == ["--server-pid"]:
+        server_pid, args = int(args[1]), args[2:]
+    protocol, host, port_text, path, rate, seconds = args[:6]
+    connections = int(args[6]) if len(args) > 6 else 64
     port = int(port_text)
     kafka = protocol == "kafka"
     requests = kafka_requests(Path(path)) if kafka else http_requests(Path(path), host, port)
-    found = uvloop.run(_main(kafka, host, port, requests, float(rate), float(seconds), connections))
+    found = uvloop.run(
+        _main(
+            kafka, host, port, requests, float(rate), float(seconds), connections, server_pid
+        )
+    )
     print(json.dumps(found))
 
 
 def run_open_loop(
     name: str, protocol: str, port: int, requests: Path, *, rate: float, duration_s: float,
-    load_share: float,
+    load_share: float, server_pid: int | None = None,
+    commits: Callable[[], float] | None = None,
 ) -> OpenLoopResult:  # fmt: skip
     """One open-loop run of ``rate`` requests/s for ``duration_s`` (after the warm-up),
-    the generator pinned to its CPU."""
+    the generator pinned to its CPU. With ``server_pid``, the server's CPU share over
+    the counted seconds; with ``commits`` (the server's count of commit cycles so far),
+    the requests sent per cycle over the whole run."""
+    watch = ["--server-pid", str(server_pid)] if server_pid is not None else []
     argv = pinned(
         generator_cpus(),
-        [sys.executable, "-m", "bench.open_loop", protocol, "127.0.0.1", str(port),
+        [sys.executable, "-m", "bench.open_loop", *watch, protocol, "127.0.0.1", str(port),
          str(requests), f"{rate:.1f}", f"{duration_s:g}"],
     )  # fmt: skip
+    cycles_before = commits() if commits is not None else 0.0
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
@@ -261,6 +313,9 @@ def run_open_loop(
     if done.returncode != 0:
         raise RuntimeError(f"bench.open_loop failed ({done.returncode}):\n{done.stderr}")
     found = json.loads(done.stdout)
+    if commits is not None:
+        cycles = commits() - cycles_before
+        found["writes_per_fsync"] = found["sent"] / cycles if cycles > 0 else None
     return OpenLoopResult(name=name, protocol=protocol, load_share=load_share, **found)
 
 

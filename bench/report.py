@@ -145,16 +145,27 @@ def _open_loop_table(rows: list[dict[str, Any]]) -> list[str]:
         "timed from each request's scheduled send)",
         "",
         "| server | protocol | load | offered req/s | answered req/s | p50 ms | p99 ms "
-        "| p99.9 ms | errors |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| p99.9 ms | errors | server CPU | writes per fsync |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in sorted(rows, key=lambda r: (r["protocol"], r["load_share"], r["name"])):
+        cpu, per_fsync = r.get("server_cpu"), r.get("writes_per_fsync")
         lines.append(
             f"| {r['name']} | {r['protocol']} | {r['load_share']:.0%} | "
             f"{_fmt(r['offered_per_s'])} | {_fmt(r['answered_per_s'])} | "
             f"{_fmt(r['p50_ms'], 2)} | {_fmt(r['p99_ms'], 2)} | {_fmt(r['p999_ms'], 2)} | "
-            f"{r['errors']} |"
+            f"{r['errors']} | {'' if cpu is None else f'{cpu:.0%}'} | "
+            f"{'' if per_fsync is None else _fmt(per_fsync, 1)} |"
         )
+    if any(r.get("server_cpu") is not None for r in rows):
+        lines += [
+            "",
+            "Server CPU is the server's share of its one core over the counted seconds; "
+            "writes per fsync, sharecoord's requests per commit cycle over the run. Each "
+            "commit cycle has a cost of its own whatever it carries, and at a lower rate "
+            "fewer writes share one: the load column is a share of the maximum rate, the "
+            "CPU column how busy that rate keeps the core.",
+        ]
     return lines
 
 

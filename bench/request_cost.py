@@ -38,13 +38,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.__main__ import WRITE, _wait_ready
+from bench.__main__ import WRITE, _wait_ready, commit_cycles
 from bench.kafka_load import run_kafka_load, write_frames
 from bench.loadgen import LoadResult, run_wrk
 from bench.open_loop import OpenLoopResult, run_open_loop
@@ -71,17 +70,6 @@ class Measurement:
 
     def as_dict(self) -> dict[str, Any]:
         return {**asdict(self), "us_per_request": self.us_per_request}
-
-
-def commit_cycles(base: str) -> int:
-    """The daemon's group commit cycles so far, from its metrics."""
-    with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
-        text = response.read().decode()
-    return sum(
-        int(float(line.rsplit(" ", 1)[1]))
-        for line in text.splitlines()
-        if line.startswith("sharecoord_group_commit_partitions_count")
-    )
 
 
 @dataclass

@@ -1,13 +1,17 @@
 """bench/open_loop.py: it reads whole answers out of the byte stream, and it sends what
-its schedule says, counting each request once. Counted, never timed."""
+its schedule says, counting each request once; the server's CPU share it reports is the
+CPU over the wall time between its marks; the report prints both. Counted, never
+timed."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import random
+import time
 from pathlib import Path
 
-from bench import kafka_null, open_loop
+from bench import kafka_null, open_loop, report
 from bench.kafka_load import write_frames
 from bench.workload import write_bodies
 
@@ -49,7 +53,9 @@ def test_it_counts_each_scheduled_request_of_the_counted_second_once(tmp_path: P
         server = await loop.create_server(Null, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         async with server:
-            found = await open_loop._main(True, "127.0.0.1", port, requests, 200.0, 1.0, 4)
+            found = await open_loop._main(
+                True, "127.0.0.1", port, requests, 200.0, 1.0, 4, server_pid=os.getpid()
+            )
         # The server's side of each connection closes on the client's EOF, which may not
         # be read before the loop ends: closed here, or a later test's garbage
         # collection finds the transport unclosed (a ResourceWarning, an error there).
@@ -61,5 +67,38 @@ def test_it_counts_each_scheduled_request_of_the_counted_second_once(tmp_path: P
     found = asyncio.run(against_a_null_server())
     # 200 a second: the warm-up second's 200 are answered but not counted, the next 200 are.
     assert found["requests"] == 200
+    assert found["sent"] == 400
     assert found["errors"] == 0
     assert found["p50_ms"] <= found["p99_ms"] <= found["p999_ms"]
+    assert found["server_cpu"] is not None  # the server here is this process
+    assert 0 <= found["server_cpu"] <= os.cpu_count()  # type: ignore[operator]
+
+
+def test_the_server_cpu_share_is_cpu_time_over_wall_time_between_the_marks() -> None:
+    watch = open_loop._ServerCpu(os.getpid())
+    assert watch.share() is None  # not marked yet
+    watch.mark()
+    spent = time.process_time() + 0.3
+    while time.process_time() < spent:  # one core busy, this thread alone
+        pass
+    watch.mark()
+    share = watch.share()
+    # CPU time over wall time: at most this one thread's core (plus the clock ticks'
+    # rounding), and well above nothing even on a busy machine that delays the loop.
+    assert share is not None
+    assert 0.1 < share < 1.2
+
+
+def test_the_report_shows_the_servers_cpu_and_writes_per_fsync_where_measured() -> None:
+    row = {
+        "name": "sharecoord", "protocol": "kafka", "load_share": 0.5, "offered_per_s": 12000.0,
+        "answered_per_s": 12000.0, "p50_ms": 0.5, "p99_ms": 2.0, "p999_ms": 5.0, "errors": 0,
+    }  # fmt: skip
+    measured = {**row, "server_cpu": 0.853, "writes_per_fsync": 3.44}
+    lines = report._open_loop_table([measured, {**row, "name": "null server"}])
+    same = "| kafka | 50% | 12,000 | 12,000 | 0.50 | 2.00 | 5.00 | 0 |"
+    assert f"| sharecoord {same} 85% | 3.4 |" in lines
+    assert f"| null server {same}  |  |" in lines
+    assert any(line.startswith("Server CPU is") for line in lines)
+    # An older result, which has neither: the table as it was, and no note.
+    assert not any(line.startswith("Server CPU is") for line in report._open_loop_table([row]))
