@@ -21,9 +21,8 @@ and not counted. Prints one JSON object: offered and answered rate, p50/p99/p99.
 ms, the requests counted and sent (the warm-up's included), errors (answers that were
 not 200 or not frames), and with ``--server-pid`` the server's CPU over the counted
 seconds as a share of one core (read from /proc when they begin and once every request
-is answered, the server's threads included): how busy a
-rate keeps the server, which is not the rate's share of its maximum when the work per
-request depends on the load.
+is answered, the server's threads included): how busy a rate keeps the server, which
+is not the rate's share of its maximum when the work per request depends on the load.
 
 Everything runs in callbacks on uvloop, a few microseconds of Python per request;
 ``run_open_loop`` runs it pinned to the generator CPU and returns its figures.
