@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.system import cpu_seconds, generator_cpus, pinned
+from bench.system import CpuMeter, generator_cpus, pinned
 
 WARMUP_S = 1.0
 WRITE_PATH = "/v1/share-group-state/write"
@@ -202,24 +202,6 @@ class _Run:
             done.set_result(None)
 
 
-class _ServerCpu:
-    """The server's CPU seconds when the counted seconds begin and when they end."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.marks: list[tuple[float, float]] = []
-
-    def mark(self) -> None:
-        """(now, the server's CPU seconds): a read of /proc, off the loop that sends."""
-        self.marks.append((time.perf_counter(), cpu_seconds([self.pid])))
-
-    def share(self) -> float | None:
-        if len(self.marks) < 2:
-            return None
-        (began, used_then), (ended, used_now) = self.marks[0], self.marks[-1]
-        return (used_now - used_then) / (ended - began) if ended > began else None
-
-
 async def _main(
     kafka: bool, host: str, port: int, requests: list[bytes], rate: float, seconds: float,
     connections: int, server_pid: int | None = None,
@@ -231,18 +213,21 @@ async def _main(
     await asyncio.gather(*(loop.create_connection(lambda c=c: c, host, port) for c in opened))
     run.start = time.perf_counter()
     run.count_from = run.start + WARMUP_S
-    server = _ServerCpu(server_pid) if server_pid is not None else None
-    marked: list[asyncio.Future[None]] = []
+    # The server's CPU from the counted seconds' start, read from /proc in a thread (off
+    # the loop that sends), until every request is answered.
+    server = CpuMeter(server_pid) if server_pid is not None else None
+    started: list[asyncio.Future[None]] = []
     if server is not None:
         loop.call_later(
-            WARMUP_S, lambda: marked.append(loop.run_in_executor(None, server.mark))
+            WARMUP_S, lambda: started.append(loop.run_in_executor(None, server.start))
         )
+    server_cpu = None
     run.tick(loop)
     try:
         await asyncio.wait_for(run.done, seconds + WARMUP_S + 60)
-        if server is not None:  # every request answered: the counted seconds are over
-            await asyncio.gather(*marked)
-            await loop.run_in_executor(None, server.mark)
+        if server is not None:
+            await asyncio.gather(*started)
+            server_cpu = await loop.run_in_executor(None, server.share)
     finally:
         run.stopped = True
         for c in opened:
@@ -263,7 +248,7 @@ async def _main(
         "requests": count,
         "errors": run.errors,
         "sent": run.sent,
-        "server_cpu": None if server is None else server.share(),
+        "server_cpu": server_cpu,
     }
 
 
