@@ -29,8 +29,8 @@ from bench.loadgen import LoadResult, run_wrk
 from bench.system import free_port, pinned, python_env, running, server_cpus
 from bench.workload import TOPIC_ID, group_name, initialize_all
 from client import ShareCoordinatorClient
-from protocol.batches import StateBatch
 from protocol.routing import partition_for
+from protocol.state_batch import StateBatch
 from tests.postgres import PostgresServer, running_servers, server_root
 
 WRITE = "/v1/share-group-state/write"

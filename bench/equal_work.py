@@ -57,11 +57,11 @@ from bench.workload import (
     load_bodies,
     write_frames,
 )
-from protocol.batches import StateBatch
 from protocol.messages import InitializePartition, WritePartition
 from protocol.records import ShareKey
 from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT
 from protocol.shard import ShardConfig, ShareCoordinatorShard
+from protocol.state_batch import StateBatch
 
 HERE = Path(__file__).resolve().parent
 SAMPLE_SINGLE = 300  # single-entry bodies replayed for the equality check

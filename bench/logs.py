@@ -15,11 +15,11 @@ from pathlib import Path
 
 from bench.workload import TOPIC_ID, WINDOW
 from persistence import StateLog
-from protocol.batches import StateBatch
 from protocol.messages import InitializePartition, WritePartition
 from protocol.records import Record, ShareKey, encode_key, encode_value, record_type
 from protocol.routing import partition_for
 from protocol.shard import ShardConfig, ShareCoordinatorShard
+from protocol.state_batch import StateBatch
 
 NUM_PARTITIONS = 50
 WRITES_PER_KEY = 50  # with 500 updates per snapshot, every record replays in full

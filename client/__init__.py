@@ -45,7 +45,7 @@ from client.retry import DeadlineExceeded, RetryPolicy, backoff_delay
 from client.routing import ConfigurationError
 from client.transport import make_ssl_context
 from client.types import ClientStats, ReadResult, ReadSummaryResult
-from protocol.batches import ACKNOWLEDGED, ACQUIRED, ARCHIVED, AVAILABLE, StateBatch
+from protocol.batches import ACKNOWLEDGED, ACQUIRED, ARCHIVED, AVAILABLE
 from protocol.codec import Format
 from protocol.errors import (
     ClusterAuthorizationFailed,
@@ -71,6 +71,7 @@ from protocol.messages import (
     ReadSummaryPartitionResult,
     WritePartition,
 )
+from protocol.state_batch import StateBatch
 
 __all__ = [
     "ACKNOWLEDGED",

@@ -19,7 +19,6 @@ from client.routing import Router, parse_bootstrap
 from client.transport import HttpTransport
 from client.types import ClientStats, ReadResult, ReadSummaryResult
 from protocol import errors
-from protocol.batches import StateBatch
 from protocol.client_codec import Format
 from protocol.messages import (
     AdminState,
@@ -35,6 +34,7 @@ from protocol.messages import (
     WritePartition,
     error_result,
 )
+from protocol.state_batch import StateBatch
 
 
 class ShareCoordinatorClient:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.batches import StateBatch
 from protocol.messages import ReadPartitionResult, ReadSummaryPartitionResult
+from protocol.state_batch import StateBatch
 
 
 @dataclass(frozen=True, slots=True)

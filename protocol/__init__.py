@@ -5,6 +5,7 @@ state batches and their merge, the log's records, replay and the shard's rules.
 here, as the semantics document names them.
 """
 
-from protocol.batches import StateBatch, combine_state_batches
+from protocol.batches import combine_state_batches
+from protocol.state_batch import StateBatch
 
 __all__ = ["StateBatch", "combine_state_batches"]

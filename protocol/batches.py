@@ -14,8 +14,8 @@ from operator import attrgetter
 
 import msgspec
 
+from protocol.state_batch import StateBatch
 from protocol.sweep import sweep
-from protocol.widths import Int8, Int16, Int64
 
 # Delivery states of a record (docs/semantics.md §1.5). Archiving (3) exists in Kafka's enum but is
 # never persisted by KIP-932; the edge checks accept only the four below.
@@ -31,21 +31,6 @@ STATE_NAMES = {0: "Available", 1: "Acquired", 2: "Acknowledged", 3: "Archiving",
 def state_name(state: int) -> str:
     """A delivery state's name; the number itself for one Kafka does not define."""
     return STATE_NAMES.get(state, str(state))
-
-
-class StateBatch(msgspec.Struct, frozen=True, gc=False):
-    """``[first_offset, last_offset]`` in one delivery state with one delivery count.
-
-    The same object from the request body to the stored state and back out in a read:
-    the wire decoders check the widths; construction validates nothing (docs/semantics.md §A.1
-    point 9), so the pure combiner passes odd input through exactly as Kafka does, and
-    the edge checks live at the edge.
-    """
-
-    first_offset: Int64
-    last_offset: Int64
-    delivery_state: Int8
-    delivery_count: Int16
 
 
 def combine_state_batches(

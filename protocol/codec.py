@@ -39,7 +39,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from protocol.batches import DELIVERY_STATES, StateBatch, is_clean
+from protocol.batches import DELIVERY_STATES, is_clean
 from protocol.errors import MSG_NEGATIVE_PARTITION
 from protocol.explain import BodyError, describe, first_problem, msgspec_problem
 from protocol.messages import (
@@ -58,6 +58,7 @@ from protocol.messages import (
     WritePartition,
 )
 from protocol.reparse import reparse_json, reparse_msgpack
+from protocol.state_batch import StateBatch
 from protocol.topic_id import canonical_topic_id
 from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES, TOPIC_ID_EXPECTED
 

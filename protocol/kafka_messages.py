@@ -40,7 +40,6 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol import kafka_wire as wire
-from protocol.batches import StateBatch
 from protocol.kafka_codec import MessageCodec
 from protocol.kafka_schema import MESSAGES, Converter, MessageSpec, Shape, SpecError, Versions
 from protocol.kafka_wire import Reader, WireError
@@ -56,6 +55,7 @@ from protocol.messages import (
     TopicRequest,
     TopicResult,
 )
+from protocol.state_batch import StateBatch
 
 FIND_COORDINATOR = 10
 SASL_HANDSHAKE = 17

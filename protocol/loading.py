@@ -36,7 +36,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from protocol.batches import StateBatch, is_clean, merge_batches, merge_one
+from protocol.batches import is_clean, merge_batches, merge_one
+from protocol.key_state import KeyState, ShareGroupOffset
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
     UPDATE_RECORD_TYPE,
@@ -46,7 +47,8 @@ from protocol.records import (
     decode_snapshot_value,
     decode_update_value,
 )
-from protocol.replay import KeyState, ShareGroupOffset, snapshot_fences, update_leader_fence
+from protocol.replay import snapshot_fences, update_leader_fence
+from protocol.state_batch import StateBatch
 
 # A lazy key whose tail holds more records than this, or more value bytes than the next
 # (a merge copies the stored batches, so a large state costs each merge more), is folded

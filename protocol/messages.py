@@ -23,7 +23,7 @@ from typing import Annotated, Generic, TypeVar, cast
 
 from msgspec import Meta, Struct
 
-from protocol.batches import StateBatch
+from protocol.state_batch import StateBatch
 from protocol.widths import GroupId, Int16, Int32, Int64, TopicIdText
 
 

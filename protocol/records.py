@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-from protocol.batches import StateBatch
+from protocol.state_batch import StateBatch
 from protocol.widths import Int32, Int64
 
 SNAPSHOT_RECORD_TYPE = 0

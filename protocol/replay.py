@@ -8,63 +8,24 @@ log segments through it too, so the three can never disagree.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import Protocol
 
-import msgspec
-
-from protocol.batches import StateBatch, is_clean, merge_batches
-from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
+from protocol.batches import is_clean, merge_batches
+from protocol.key_state import KeyState, ShareGroupOffset
+from protocol.records import (
+    Record,
+    ShareKey,
+    ShareSnapshot,
+    ShareTombstone,
+    ShareUpdate,
+)
+from protocol.state_batch import StateBatch
 
 # Kafka's share.coordinator.snapshot.update.records.per.snapshot: default and bound. Only
 # the snapshot-update counter depends on it; a replay that wants the states alone (the
 # tools, the Spark jobs) may take any valid value, and takes the default.
 DEFAULT_RECORDS_PER_SNAPSHOT = 500
 MAX_RECORDS_PER_SNAPSHOT = 500
-
-
-class ShareGroupOffset(msgspec.Struct, frozen=True, gc=False):
-    """The stored state of one share-partition (Kafka's ShareGroupOffset). Replaced,
-    never changed: a reader holding the previous one keeps seeing it.
-
-    Its batches are a tuple: a list is tracked by the garbage collector for as long as
-    it lives (one per share-partition, each walked by every full collection), while
-    CPython stops tracking a tuple of untracked objects (StateBatch is one) the first
-    time a collection sees it."""
-
-    snapshot_epoch: int
-    state_epoch: int
-    leader_epoch: int
-    start_offset: int
-    create_timestamp: int
-    write_timestamp: int
-    state_batches: tuple[StateBatch, ...]
-    delivery_complete_count: int = -1
-
-
-class KeyState(msgspec.Struct, gc=False):
-    """Everything a state partition keeps about one share-partition key.
-
-    Kafka keeps these in separate maps keyed alike (docs/semantics.md §2); one object per key is the
-    same information with a fraction of the memory. Not tracked by the garbage collector
-    (``gc=False``): it holds numbers, bytes and an immutable ShareGroupOffset, so it can
-    never be part of a reference cycle, and a full collection need not walk one object
-    per share-partition the daemon knows.
-    """
-
-    state: ShareGroupOffset
-    # leaderEpochMap: highest leader epoch of any replayed record of the key.
-    leader_fence: int
-    # stateEpochMap: highest state epoch of any replayed snapshot; None while the key
-    # was only ever built from updates (possible in a hand-made log only).
-    state_fence: int | None
-    # The key as the log stores it, so a write frames it without encoding it again.
-    key_bytes: bytes | None = None
-    # Whether state.state_batches is in the combiner's clean shape (see
-    # protocol.batches.is_clean); None until someone needed to know.
-    batches_clean: bool | None = None
-    # snapshotUpdateCount: None until the first update (docs/semantics.md §4, §16.5).
-    update_count: int | None = None
-    # Offsets manager: log offset of the key's latest snapshot, None before one.
-    snapshot_offset: int | None = None
 
 
 def _max_epoch(current: int, fence: int | None) -> int:
@@ -85,12 +46,25 @@ def _max_optional_epoch(current: int | None, epoch: int, fence: int | None) -> i
 # functions.
 
 
+class SnapshotEpochs(Protocol):
+    """What the fence rule reads of a snapshot: a ShareSnapshot, or its value as the
+    loader and the fold decode it (its batches unread)."""
+
+    @property
+    def leader_epoch(self) -> int: ...
+    @property
+    def state_epoch(self) -> int: ...
+    @property
+    def fence_leader_epoch(self) -> int | None: ...
+    @property
+    def fence_state_epoch(self) -> int | None: ...
+
+
 def snapshot_fences(
-    leader_fence: int | None, state_fence: int | None, snapshot: ShareSnapshot
+    leader_fence: int | None, state_fence: int | None, snapshot: SnapshotEpochs
 ) -> tuple[int, int]:
     """A key's (leader fence, state fence) after a snapshot: each the highest of what it
-    was, the snapshot's epoch and its fence field. ``snapshot`` may be anything with a
-    ShareSnapshot's epoch fields (the fold passes the decoded value, batches unread)."""
+    was, the snapshot's epoch and its fence field."""
     return (
         _max_optional_epoch(leader_fence, snapshot.leader_epoch, snapshot.fence_leader_epoch),
         _max_optional_epoch(state_fence, snapshot.state_epoch, snapshot.fence_state_epoch),
@@ -216,7 +190,10 @@ class ShareStateMap:
             entry.update_count = 0
             self.keys[record.key] = entry
             return
-        entry.leader_fence = max(entry.leader_fence, record.leader_epoch)
+        # Set only when it moves: a Struct field's store costs a compiled caller as much
+        # as the read.
+        if record.leader_epoch > entry.leader_fence:  # noqa: PLR1730
+            entry.leader_fence = record.leader_epoch
         old = entry.state
         start = old.start_offset if record.start_offset == -1 else record.start_offset
         if merged is None:
@@ -237,7 +214,8 @@ class ShareStateMap:
             if record.delivery_complete_count == -1
             else record.delivery_complete_count,
         )
-        entry.update_count = 0 if entry.update_count is None else entry.update_count + 1
+        count = entry.update_count
+        entry.update_count = 0 if count is None else count + 1
 
     def _replay_tombstone(self, offset: int, key: ShareKey) -> None:
         self.keys.pop(key, None)

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from protocol import errors
-from protocol.batches import StateBatch, is_clean, merge_batches, prune_batches
+from protocol.batches import is_clean, merge_batches, prune_batches
+from protocol.key_state import KeyState
 from protocol.loading import LazyKeyState
 from protocol.messages import (
     AdminState,
@@ -38,12 +39,8 @@ from protocol.messages import (
     WritePartition,
 )
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
-from protocol.replay import (
-    DEFAULT_RECORDS_PER_SNAPSHOT,
-    MAX_RECORDS_PER_SNAPSHOT,
-    KeyState,
-    ShareStateMap,
-)
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, MAX_RECORDS_PER_SNAPSHOT, ShareStateMap
+from protocol.state_batch import StateBatch
 
 # Kafka's share.coordinator.cold.partition.snapshot.interval.ms.
 DEFAULT_COLD_PARTITION_SNAPSHOT_INTERVAL_MS = 300_000
@@ -241,8 +238,10 @@ class ShareCoordinatorShard:
         if leader_epoch != -1 and state.leader_fence > leader_epoch:
             return None, _failed(key, errors.FENCED_LEADER_EPOCH)
         state_epoch = entry.state_epoch
-        if state_epoch != -1 and state.state_fence is not None and state.state_fence > state_epoch:
-            return None, _failed(key, errors.FENCED_STATE_EPOCH)
+        if state_epoch != -1:
+            state_fence = state.state_fence
+            if state_fence is not None and state_fence > state_epoch:
+                return None, _failed(key, errors.FENCED_STATE_EPOCH)
         if self.metadata is not None and self._unknown_topic_partition(key):
             return None, _failed(key, errors.UNKNOWN_TOPIC_OR_PARTITION)
         batches = entry.state_batches

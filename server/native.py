@@ -29,18 +29,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# What runs per request. Left out, and why:
-# - protocol/batches.py, protocol/replay.py, persistence/partition.py define msgspec
-#   Structs, whose constraints (Annotated[int, Meta(...)]) a compiled module does not
-#   keep in the class's annotations, where msgspec and the Spark jobs read them;
+# What runs per request. A msgspec Struct stays in a module Python runs: its constraints
+# (Annotated[int, Meta(...)]) are not kept in the class's annotations of a compiled
+# module, where msgspec and the Spark jobs read them. So the merge and the replay rules
+# (batches.py, replay.py) are compiled while their Structs live beside them
+# (state_batch.py, key_state.py): a batched entry 5.41 against 6.04 µs of CPU
+# (bench.entry_cost, medians of 8 interleaved runs, 2026-11-28). Left out, and why:
+# - persistence/partition.py defines Structs too, and costs an entry ~2%;
 # - persistence/commit.py: its GroupCommitter would become a native class, and every
 #   compiled function typed to take one would refuse anything else (the tests' stand-in
 #   committers).
 # Tried and left out as they gain nothing (2026-11-27, interleaved on one machine): the
 # commit path (commit, journal, kernel_flush, fileops, statelog, partition) compiled beside
 # these: Kafka listener single writes at c=64 21,040-22,095 against 21,644-22,311 req/s
-# (its time is system calls and C); batches.py and replay.py compiled, their Structs in
-# place: the in-process Kafka path 20.8-21.7 against 20.0-20.8 µs a request, slower;
+# (its time is system calls and C); batches.py and replay.py compiled with their Structs
+# in place (which also loses the constraints): the in-process Kafka path 20.8-21.7
+# against 20.0-20.8 µs a request, slower;
 # protocol/loading.py: the daemon's load of 1M records 1.74-1.88 against 1.50-1.55 s,
 # slower; the commit path again at 3,000 open-loop writes/s, where a cycle carries one
 # write: 172 against 164-170 µs of CPU a write. A compiled module reaches a msgspec
@@ -51,10 +55,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # The runtime's generators, which mypyc does not compile, are in server/folds.py.
 MODULES = (
     "persistence/frame.py",
+    "protocol/batches.py",
     "protocol/codec.py",
     "protocol/kafka_messages.py",
     "protocol/kafka_primitives.py",
     "protocol/kafka_wire.py",
+    "protocol/replay.py",
     "protocol/routing.py",
     "protocol/shard.py",
     "protocol/sweep.py",

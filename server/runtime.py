@@ -47,7 +47,7 @@ from persistence.fileops import is_disk_full
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
 from persistence.room import RoomWatch
 from persistence.store import PartitionStore, open_in_runs
-from protocol.batches import StateBatch
+from protocol.key_state import KeyState
 from protocol.loading import (
     LazyKeyState,
     LoadDecodeError,
@@ -70,8 +70,8 @@ from protocol.records import (
     encode_update_value,
     encode_value,
 )
-from protocol.replay import KeyState
 from protocol.shard import ShardConfig, ShareCoordinatorShard, TopicMetadata
+from protocol.state_batch import StateBatch
 from server.folds import BackgroundFolds
 from server.metrics import ShareCoordinatorMetrics
 
@@ -688,7 +688,7 @@ _Worked = tuple[Record | None, AnyPartitionResult, _Framed | None, _Merged | Non
 
 def _is_long(state: KeyState | None, rpc: Rpc, entry: Any) -> bool:
     """``PartitionRuntime.is_long`` given the key's state."""
-    if state is not None and state.__class__ is LazyKeyState and fold_is_long(state):
+    if state is not None and type(state) is LazyKeyState and fold_is_long(state):
         return True
     if rpc is not Rpc.WRITE:
         return False

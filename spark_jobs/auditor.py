@@ -19,7 +19,8 @@ import msgspec
 import pyarrow as pa
 
 from persistence import LogError
-from protocol.batches import ACQUIRED, AVAILABLE, StateBatch
+from protocol.batches import ACQUIRED, AVAILABLE
+from protocol.key_state import KeyState, ShareGroupOffset
 from protocol.records import (
     FIELDS,
     KEY_FIELDS,
@@ -39,12 +40,8 @@ from protocol.records import (
     ShareKey,
     ShareTombstone,
 )
-from protocol.replay import (
-    DEFAULT_RECORDS_PER_SNAPSHOT,
-    KeyState,
-    ShareGroupOffset,
-    ShareStateMap,
-)
+from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
+from protocol.state_batch import StateBatch
 from spark_jobs.logsource import Source, read_whole_partition
 from spark_jobs.storeref import StoreRef
 

@@ -32,7 +32,6 @@ import msgspec
 import numpy as np
 import pyarrow as pa
 
-from protocol.batches import StateBatch
 from protocol.records import (
     FIELDS,
     LOG_OFFSET,
@@ -55,6 +54,7 @@ from protocol.records import (
     decode_snapshot_value,
     decode_update_value,
 )
+from protocol.state_batch import StateBatch
 from spark_jobs.sealed import RawRecord
 
 # A record's decoded value: a SnapshotValue, an UpdateValue, or None for a tombstone.

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from persistence.frame import encode_frame
+from protocol.key_state import ShareGroupOffset
 from protocol.loading import fold_values
 from protocol.records import (
     SNAPSHOT_RECORD_TYPE,
@@ -61,7 +62,7 @@ from protocol.records import (
     ShareSnapshot,
     encode_value,
 )
-from protocol.replay import ShareGroupOffset, snapshot_fences, update_leader_fence
+from protocol.replay import snapshot_fences, update_leader_fence
 from spark_jobs.columns import Value, decode_values
 from spark_jobs.sealed import RawRecord
 

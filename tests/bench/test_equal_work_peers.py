@@ -25,7 +25,8 @@ from bench.equal_work import Entry, Peer, PostgresPeer, RedisPeer, differences, 
 from bench.system import ensure_debian_packages, postgres_bin
 from bench.wire import pg_array, pg_parse_array
 from bench.workload import TOPIC_ID, group_name
-from protocol.batches import StateBatch, combine_state_batches
+from protocol.batches import combine_state_batches
+from protocol.state_batch import StateBatch
 
 pytestmark = pytest.mark.slow
 

@@ -24,9 +24,9 @@ from client import (
     WritePartition,
 )
 from persistence import FAILPOINTS_ENV, StateLog
-from protocol.batches import StateBatch as Batch
 from protocol.records import ShareKey, ShareSnapshot, encode_record
 from protocol.routing import partition_for
+from protocol.state_batch import StateBatch as Batch
 from protocol.topic_id import canonical_topic_id
 from tests.client.conftest import TOPIC, entry_results, trace
 from tests.harness import Acknowledged, free_ports

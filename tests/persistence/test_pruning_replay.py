@@ -13,7 +13,6 @@ import random
 import pytest
 
 from persistence import StateLog
-from protocol.batches import StateBatch
 from protocol.records import (
     RecordDecoder,
     ShareKey,
@@ -22,6 +21,7 @@ from protocol.records import (
     record_type,
 )
 from protocol.shard import ShardConfig, ShareCoordinatorShard
+from protocol.state_batch import StateBatch
 from tests.shard.ops import ColdSnapshotOp, DeleteOp, InitializeOp, ReadOp, WriteOp, handle
 
 TOPIC = "AAAAAAAAAAAAAAAAAAAAAQ"

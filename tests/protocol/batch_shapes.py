@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from protocol.batches import StateBatch
+from protocol.state_batch import StateBatch
 
 _STATES = (0, 1, 2, 4)
 

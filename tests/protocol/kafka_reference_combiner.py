@@ -11,7 +11,7 @@ from __future__ import annotations
 import msgspec
 from sortedcontainers import SortedList
 
-from protocol.batches import StateBatch
+from protocol.state_batch import StateBatch
 
 _Entry = tuple[int, int, int, int]  # (first, last, count, state): Kafka's set order
 

@@ -14,11 +14,11 @@ from protocol.batches import (
     ACQUIRED,
     ARCHIVED,
     AVAILABLE,
-    StateBatch,
     combine_state_batches,
     is_clean,
     merge_batches,
 )
+from protocol.state_batch import StateBatch
 from tests.protocol.kafka_reference_combiner import reference_combine
 
 AV, ACQ, ACK, ARC = AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED

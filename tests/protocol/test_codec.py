@@ -15,7 +15,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.batches import StateBatch
 from protocol.client_codec import (
     decode_admin_state,
     decode_error,
@@ -62,6 +61,7 @@ from protocol.messages import (
     TopicResult,
     WritePartition,
 )
+from protocol.state_batch import StateBatch
 from tests.hostile_strings import PLACEHOLDER, encode_with, hostile_strings
 
 MSGPACK, JSON = Format.MSGPACK, Format.JSON

@@ -16,7 +16,6 @@ import pytest
 
 from protocol import kafka_messages as km
 from protocol import kafka_wire as wire
-from protocol.batches import StateBatch
 from protocol.kafka_codec import MessageCodec, compile_decoder, compile_encoder
 from protocol.kafka_schema import MESSAGES, FieldSpec, MessageSpec, Shape, SpecError, load_messages
 from protocol.kafka_wire import Reader, WireError
@@ -27,6 +26,7 @@ from protocol.messages import (
     TopicRequest,
     WritePartition,
 )
+from protocol.state_batch import StateBatch
 
 TOPIC = "WwwvDo06T2ueIXxNGis8TQ"
 

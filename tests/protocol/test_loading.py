@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import protocol.loading
-from protocol.batches import StateBatch
+from protocol.key_state import KeyState, ShareGroupOffset
 from protocol.loading import LazyKeyState, LoadDecodeError, RawRecord, StateLoader
 from protocol.messages import InitializePartition, WritePartition
 from protocol.records import (
@@ -24,8 +24,9 @@ from protocol.records import (
     encode_value,
     record_type,
 )
-from protocol.replay import KeyState, ShareGroupOffset, ShareStateMap
+from protocol.replay import ShareStateMap
 from protocol.shard import ShardConfig, ShareCoordinatorShard
+from protocol.state_batch import StateBatch
 from tests.spark.histories import hand_made_records, raw_records, rpc_histories, run_rpcs
 
 NUM_PARTITIONS = 2

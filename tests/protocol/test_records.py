@@ -11,7 +11,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import protocol.records
-from protocol.batches import StateBatch
 from protocol.records import (
     FIELDS,
     SNAPSHOT,
@@ -30,6 +29,7 @@ from protocol.records import (
     encode_record,
     record_row,
 )
+from protocol.state_batch import StateBatch
 
 int32 = st.integers(-(2**31), 2**31 - 1)
 int64 = st.integers(-(2**63), 2**63 - 1)

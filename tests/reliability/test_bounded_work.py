@@ -33,8 +33,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from protocol.batches import StateBatch, combine_state_batches
+from protocol.batches import combine_state_batches
 from protocol.routing import partition_for
+from protocol.state_batch import StateBatch
 from tests.harness import (
     TOPIC,
     Api,

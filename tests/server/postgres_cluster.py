@@ -25,8 +25,8 @@ from pathlib import Path
 import aiohttp
 
 from client import ShareCoordinatorClient
-from protocol.batches import StateBatch
 from protocol.routing import partition_for
+from protocol.state_batch import StateBatch
 from tests.harness import (
     TOPIC,
     AcknowledgedGroup,

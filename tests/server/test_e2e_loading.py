@@ -24,8 +24,8 @@ import aiohttp
 import pytest
 
 from persistence import StateLog
-from protocol.batches import StateBatch
 from protocol.records import ShareKey, ShareSnapshot, ShareUpdate, encode_key, encode_value
+from protocol.state_batch import StateBatch
 from tests.harness import (
     TOPIC,
     Api,

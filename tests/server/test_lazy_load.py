@@ -19,7 +19,7 @@ import protocol.loading
 import server.node
 import server.runtime
 from persistence import StateLog
-from protocol.batches import StateBatch
+from protocol.key_state import KeyState
 from protocol.loading import INLINE_FOLD_RECORDS, LazyKeyState
 from protocol.messages import (
     InitializePartition,
@@ -30,8 +30,9 @@ from protocol.messages import (
     WritePartition,
 )
 from protocol.records import RecordDecoder, ShareKey, encode_key, encode_value, record_type
-from protocol.replay import KeyState, ShareStateMap
+from protocol.replay import ShareStateMap
 from protocol.shard import ShardConfig, ShareCoordinatorShard
+from protocol.state_batch import StateBatch
 from server.folds import BackgroundFolds
 from server.runtime import PartitionRuntime
 from server.turns import execute_in_turn

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import pytest
 
 import server.service
-from protocol.batches import StateBatch
+from protocol.state_batch import StateBatch
 from server.offload import Offload
 from server.runtime import OFFLOAD_BATCHES
 from tests.harness import TOPIC, batch, body, init_entry, part, partitions_in, write_entry

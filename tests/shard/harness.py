@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from protocol.batches import StateBatch
 from protocol.records import Record, ShareKey
 from protocol.shard import ShardConfig, ShareCoordinatorShard, TopicMetadata
+from protocol.state_batch import StateBatch
 from tests.shard.ops import InitializeOp, Op, ReadOp, Response, WriteOp, handle
 
 KEY = ShareKey("group1", "AAAAAAAAAAAAAAAAAAAAAQ", 0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from protocol.batches import StateBatch, is_clean
+from protocol.batches import is_clean
 from protocol.messages import (
     AdminState,
     InitializePartition,
@@ -21,6 +21,7 @@ from protocol.messages import (
 )
 from protocol.records import Record, ShareKey
 from protocol.shard import ShareCoordinatorShard
+from protocol.state_batch import StateBatch
 
 
 class InitializeOp(NamedTuple):

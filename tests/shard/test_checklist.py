@@ -8,9 +8,10 @@ from __future__ import annotations
 import msgspec
 
 from protocol import errors
-from protocol.batches import StateBatch, combine_state_batches
+from protocol.batches import combine_state_batches
 from protocol.records import ShareSnapshot, ShareTombstone, ShareUpdate
 from protocol.shard import ShardConfig
+from protocol.state_batch import StateBatch
 from tests.shard.harness import KEY, Catalog, Harness, batch
 from tests.shard.ops import DeleteOp, ReadSummaryOp
 

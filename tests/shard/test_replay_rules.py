@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import gc
 
+from protocol.key_state import ShareGroupOffset
 from protocol.records import ShareSnapshot, ShareTombstone, ShareUpdate
-from protocol.replay import ShareGroupOffset
 from protocol.shard import ShardConfig, ShareCoordinatorShard
 from tests.shard.harness import KEY, OTHER_KEY, batch
 

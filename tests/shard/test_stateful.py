@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 from protocol import errors
-from protocol.batches import StateBatch, combine_state_batches
+from protocol.batches import combine_state_batches
 from protocol.messages import (
     AdminState,
     Fencing,
@@ -29,6 +29,7 @@ from protocol.messages import (
 )
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig
+from protocol.state_batch import StateBatch
 from tests.shard.harness import Catalog, Harness
 from tests.shard.ops import (
     ColdSnapshotOp,

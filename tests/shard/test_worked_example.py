@@ -9,9 +9,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from protocol.batches import StateBatch
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig
+from protocol.state_batch import StateBatch
 from protocol.topic_id import canonical_topic_id
 from tests.shard.harness import Harness
 from tests.shard.ops import InitializeOp, ReadOp, WriteOp

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from hypothesis import strategies as st
 
 from persistence import StateLog, partition_dir, read_meta, read_partition
-from protocol.batches import StateBatch
 from protocol.messages import AdminState
 from protocol.records import (
     Record,
@@ -31,6 +30,7 @@ from protocol.records import (
 )
 from protocol.routing import partition_for
 from protocol.shard import ShardConfig, ShareCoordinatorShard
+from protocol.state_batch import StateBatch
 from spark_jobs.sealed import RawRecord
 from tests.shard.ops import ColdSnapshotOp, DeleteOp, InitializeOp, Op, ReadOp, WriteOp, handle
 

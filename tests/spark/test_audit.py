@@ -12,8 +12,8 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.testing import assertDataFrameEqual
 
-from protocol.batches import StateBatch
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
+from protocol.state_batch import StateBatch
 from spark_jobs import audit, logsource
 from spark_jobs.audit import (
     DELIVERY_COUNT_BACKWARDS,

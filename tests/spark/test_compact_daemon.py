@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from protocol.batches import StateBatch
 from protocol.codec import Format, encode_admin_state
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig, ShareCoordinatorShard
+from protocol.state_batch import StateBatch
 from spark_jobs.compact import STAGED_FOR_DAEMON
 from tests.harness import Acknowledged, Daemon, Daemons, run_cli, wait_until_blocking
 from tests.shard.ops import InitializeOp, WriteOp, handle

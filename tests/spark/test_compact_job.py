@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from pyspark.sql import SparkSession
 
 from persistence import StateLog, partition_dir, pending_staged, read_partition, verify
-from protocol.batches import StateBatch
 from protocol.records import ShareKey, encode_key
+from protocol.state_batch import StateBatch
 from spark_jobs import compact
 from tests.shard.ops import DeleteOp, InitializeOp, Op, WriteOp
 from tests.spark.histories import (

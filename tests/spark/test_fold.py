@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import protocol.batches
 from persistence import decode_frame
-from protocol.batches import StateBatch, combine_state_batches
+from protocol.batches import combine_state_batches
 from protocol.messages import AdminState
 from protocol.records import (
     RecordDecodeError,
@@ -24,6 +24,7 @@ from protocol.records import (
     encode_record,
 )
 from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
+from protocol.state_batch import StateBatch
 from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.sealed import RawRecord
 from tests.protocol.batch_shapes import SHAPES

@@ -1,0 +1,57 @@
+"""What a state partition keeps about each share-partition key (protocol/replay.py).
+
+A module of its own, apart from the replay rules, so that the rules can be compiled
+(server/native.py) while these stay msgspec Structs that Python defines.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from protocol.state_batch import StateBatch
+
+
+class ShareGroupOffset(msgspec.Struct, frozen=True, gc=False):
+    """The stored state of one share-partition (Kafka's ShareGroupOffset). Replaced,
+    never changed: a reader holding the previous one keeps seeing it.
+
+    Its batches are a tuple: a list is tracked by the garbage collector for as long as
+    it lives (one per share-partition, each walked by every full collection), while
+    CPython stops tracking a tuple of untracked objects (StateBatch is one) the first
+    time a collection sees it."""
+
+    snapshot_epoch: int
+    state_epoch: int
+    leader_epoch: int
+    start_offset: int
+    create_timestamp: int
+    write_timestamp: int
+    state_batches: tuple[StateBatch, ...]
+    delivery_complete_count: int = -1
+
+
+class KeyState(msgspec.Struct, gc=False):
+    """Everything a state partition keeps about one share-partition key.
+
+    Kafka keeps these in separate maps keyed alike (docs/semantics.md §2); one object per key is the
+    same information with a fraction of the memory. Not tracked by the garbage collector
+    (``gc=False``): it holds numbers, bytes and an immutable ShareGroupOffset, so it can
+    never be part of a reference cycle, and a full collection need not walk one object
+    per share-partition the daemon knows.
+    """
+
+    state: ShareGroupOffset
+    # leaderEpochMap: highest leader epoch of any replayed record of the key.
+    leader_fence: int
+    # stateEpochMap: highest state epoch of any replayed snapshot; None while the key
+    # was only ever built from updates (possible in a hand-made log only).
+    state_fence: int | None
+    # The key as the log stores it, so a write frames it without encoding it again.
+    key_bytes: bytes | None = None
+    # Whether state.state_batches is in the combiner's clean shape (see
+    # protocol.batches.is_clean); None until someone needed to know.
+    batches_clean: bool | None = None
+    # snapshotUpdateCount: None until the first update (docs/semantics.md §4, §16.5).
+    update_count: int | None = None
+    # Offsets manager: log offset of the key's latest snapshot, None before one.
+    snapshot_offset: int | None = None
