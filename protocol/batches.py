@@ -168,19 +168,22 @@ def merge_one(
             return list(current), True
         if batch.first_offset < start_offset:
             batch = msgspec.structs.replace(batch, first_offset=start_offset)
-    n = len(current)
+    # As a tuple (what the replay stores), which compiled code indexes directly; a
+    # Sequence it would index through the generic protocol.
+    stored = current if isinstance(current, tuple) else tuple(current)
+    n = len(stored)
     if not n:
         return [batch], True
     first, last = batch.first_offset, batch.last_offset
     # Where the batch sorts: current's batches are disjoint, so only one can share its
     # first offset, and the set order decides on the rest of the key for that one.
-    at = bisect_left(current, first, key=_first_offset)
-    if at < n and current[at].first_offset == first and _set_order(current[at]) < _set_order(batch):
+    at = bisect_left(stored, first, key=_first_offset)
+    if at < n and stored[at].first_offset == first and _set_order(stored[at]) < _set_order(batch):
         at += 1
     # Half the writes touch no neighbour they would merge with: the walk would pass
     # every pair, so the output is current with the batch inserted, still clean.
-    after = current[at] if at < n else None
-    before = current[at - 1] if at else None
+    after = stored[at] if at < n else None
+    before = stored[at - 1] if at else None
     if (
         after is None
         or last + 1 < after.first_offset
@@ -202,7 +205,7 @@ def merge_one(
             )
         )
     ):
-        merged = list(current)
+        merged = list(stored)
         merged.insert(at, batch)
         return merged, True
     # The stretch the batch reaches: from the first batch of current that ends at or
@@ -211,22 +214,22 @@ def merge_one(
     # out from it; the batches around the stretch stay final, and clean against it
     # (``_sweep_one``).
     lo = at
-    while lo and current[lo - 1].last_offset >= first - 1:
+    while lo and stored[lo - 1].last_offset >= first - 1:
         lo -= 1
     hi = at
-    while hi < n and current[hi].first_offset <= last + 1:
+    while hi < n and stored[hi].first_offset <= last + 1:
         hi += 1
     if hi - lo == 1:
         # One stored batch reached (a third of all writes): one step of the walk
         # resolves the pair, and its pieces neither merge with one another (they touch
         # only where their infos differ) nor reach past the stretch: final and clean.
-        pair = (current[lo], batch) if lo < at else (batch, current[lo])
+        pair = (stored[lo], batch) if lo < at else (batch, stored[lo])
         walked, clean = _resolve(*pair), True
     else:
-        walked, clean = _sweep_one([*current[lo:at], batch, *current[at:hi]])
+        walked, clean = _sweep_one([*stored[lo:at], batch, *stored[at:hi]])
     if lo == 0 and hi == n:
         return walked, clean
-    return [*current[:lo], *walked, *current[hi:]], clean
+    return [*stored[:lo], *walked, *stored[hi:]], clean
 
 
 def is_clean(batches: Sequence[StateBatch], lo: int = 0, hi: int | None = None) -> bool:
