@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from protocol.state_batch import StateBatch
+from protocol.update_value import UPDATE_VALUE_ORDER, encode_update_value, flatten
 from protocol.widths import Int32, Int64
 
 SNAPSHOT_RECORD_TYPE = 0
@@ -291,6 +292,12 @@ def _check_declaration() -> None:
             )
     if ShareKey.__struct_fields__ != tuple(f.name for f in KEY_FIELDS):
         raise TypeError(f"ShareKey {ShareKey.__struct_fields__} differs from FIELDS")
+    update_order = tuple(f.name for f in VALUE_FIELDS[UPDATE])
+    if update_order != UPDATE_VALUE_ORDER:
+        raise TypeError(
+            f"FIELDS lays an update value out as {update_order}; protocol/update_value.py "
+            f"writes {UPDATE_VALUE_ORDER}"
+        )
 
 
 _check_declaration()
@@ -364,18 +371,6 @@ def encode_key(key: ShareKey) -> bytes:
     return _encode(key)
 
 
-def flatten(batches: list[StateBatch]) -> list[int]:
-    """Batches as the log stores them: four integers each, one flat array."""
-    if len(batches) == 1:  # what nearly every update holds
-        b = batches[0]
-        return [b.first_offset, b.last_offset, b.delivery_state, b.delivery_count]
-    return [
-        n
-        for b in batches
-        for n in (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
-    ]
-
-
 def encode_value(record: Record) -> bytes | None:
     """The value bytes of a record; None for a tombstone."""
     if type(record) is ShareUpdate:
@@ -383,11 +378,6 @@ def encode_value(record: Record) -> bytes | None:
     if type(record) is ShareSnapshot:
         return _encode(_snapshot_value_of(record))
     return None
-
-
-def encode_update_value(record: ShareUpdate) -> bytes:
-    """The value of a ShareUpdate, the record nearly every write appends."""
-    return _encode(_update_value_of(record))
 
 
 def encode_record(record: Record) -> tuple[int, bytes, bytes | None]:
@@ -486,7 +476,6 @@ _SNAPSHOT_CODEC = _compile_codec(SNAPSHOT)
 _UPDATE_CODEC = _compile_codec(UPDATE)
 _snapshot_value_of: Callable[[ShareSnapshot], tuple[Any, ...]] = _SNAPSHOT_CODEC["value_of"]
 _snapshot_of: Callable[[ShareKey, msgspec.Struct], ShareSnapshot] = _SNAPSHOT_CODEC["record_of"]
-_update_value_of: Callable[[ShareUpdate], tuple[Any, ...]] = _UPDATE_CODEC["value_of"]
 _update_of: Callable[[ShareKey, msgspec.Struct], ShareUpdate] = _UPDATE_CODEC["record_of"]
 
 

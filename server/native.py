@@ -64,6 +64,7 @@ MODULES = (
     "protocol/routing.py",
     "protocol/shard.py",
     "protocol/sweep.py",
+    "protocol/update_value.py",
     "server/kafka/connection.py",
     "server/kafka/handlers.py",
     "server/runtime.py",

@@ -67,11 +67,11 @@ from protocol.records import (
     ShareSnapshot,
     ShareUpdate,
     encode_key,
-    encode_update_value,
     encode_value,
 )
 from protocol.shard import ShardConfig, ShareCoordinatorShard, TopicMetadata
 from protocol.state_batch import StateBatch
+from protocol.update_value import encode_update_value
 from server.folds import BackgroundFolds
 from server.metrics import ShareCoordinatorMetrics
 

@@ -97,6 +97,33 @@ def test_records_value_layout_is_the_documented_positional_array():
     assert msgpack.unpackb(value) == [1, 2, 3, 10, 111, 222, [10, 12, 2, 1], 5, 7, 8]
 
 
+def test_records_update_value_is_the_documented_positional_array():
+    """protocol/update_value.py writes the update value by hand (for the compiled mode):
+    the layout FIELDS declares, batches flattened, one batch or many."""
+    key = ShareKey("g", "AAAAAAAAAAAAAAAAAAAAAQ", 3)
+    one = ShareUpdate(key, 1, 2, 10, [StateBatch(10, 12, 2, 1)], 5)
+    many = ShareUpdate(key, 1, -1, -1, [StateBatch(0, 4, 0, 1), StateBatch(5, 9, 4, 3)], -1)
+    assert msgpack.unpackb(encode_record(one)[2]) == [1, 2, 10, [10, 12, 2, 1], 5]
+    assert msgpack.unpackb(encode_record(many)[2]) == [1, -1, -1, [0, 4, 0, 1, 5, 9, 4, 3], -1]
+    assert msgpack.unpackb(encode_record(ShareUpdate(key, 0, 0, -1, [], -1))[2]) == [
+        0,
+        0,
+        -1,
+        [],
+        -1,
+    ]
+
+
+def test_records_refuse_to_load_when_the_update_writer_differs_from_the_declaration(
+    monkeypatch,
+):
+    order = list(protocol.records.UPDATE_VALUE_ORDER)
+    order[1], order[2] = order[2], order[1]
+    monkeypatch.setattr(protocol.records, "UPDATE_VALUE_ORDER", tuple(order))
+    with pytest.raises(TypeError, match=r"update_value\.py"):
+        protocol.records._check_declaration()
+
+
 def test_records_decoder_accepts_extra_trailing_fields():
     key = msgpack.packb(["g", "AAAAAAAAAAAAAAAAAAAAAQ", 0])
     value = msgpack.packb([0, 1, -1, [], -1, "a future field"])

@@ -1,0 +1,54 @@
+"""The value of a ShareUpdate as the log stores it: the record nearly every write
+appends, encoded once per write.
+
+Written out rather than generated from FIELDS (protocol/records.py generates the other
+codecs there), so that the compiled mode (server/native.py) compiles it: generated code
+always runs in the interpreter. protocol/records.py checks at import that FIELDS lays
+the update value out in ``UPDATE_VALUE_ORDER``, the order this module writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import msgspec
+
+if TYPE_CHECKING:
+    from protocol.records import ShareUpdate
+    from protocol.state_batch import StateBatch
+
+UPDATE_VALUE_ORDER = (
+    "snapshot_epoch",
+    "leader_epoch",
+    "start_offset",
+    "state_batches",
+    "delivery_complete_count",
+)
+
+_encode = msgspec.msgpack.Encoder().encode
+
+
+def flatten(batches: Sequence[StateBatch]) -> list[int]:
+    """Batches as the log stores them: four integers each, one flat array."""
+    if len(batches) == 1:  # what nearly every update holds
+        b = batches[0]
+        return [b.first_offset, b.last_offset, b.delivery_state, b.delivery_count]
+    return [
+        n
+        for b in batches
+        for n in (b.first_offset, b.last_offset, b.delivery_state, b.delivery_count)
+    ]
+
+
+def encode_update_value(record: ShareUpdate) -> bytes:
+    """The value bytes of a ShareUpdate."""
+    return _encode(
+        (
+            record.snapshot_epoch,
+            record.leader_epoch,
+            record.start_offset,
+            flatten(record.state_batches),
+            record.delivery_complete_count,
+        )
+    )
