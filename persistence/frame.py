@@ -38,17 +38,18 @@ import struct
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Final
 
 from protocol.loading import RawRecord
 from protocol.records import RECORD_TYPES
 
-MAGIC = 1
+MAGIC: Final = 1
 
 
 # Named positions of the fields inside a frame (see the table above).
 LENGTH_AT = 0
 CRC_AT = 4
-CRC_START = 8  # the checksum covers [CRC_START, 4 + length)
+CRC_START: Final = 8  # the checksum covers [CRC_START, 4 + length)
 MAGIC_AT = 8
 RECORD_TYPE_AT = 9
 OFFSET_AT = 10
@@ -56,27 +57,27 @@ TIMESTAMP_AT = 18
 KEY_LENGTH_AT = 26
 KEY_AT = 30
 
-LENGTH = struct.Struct(">I")
-PREFIX = struct.Struct(">II")  # length, crc
-HEADER = struct.Struct(">IIBBqqI")  # length .. key_length: everything before the key
-BODY_HEAD = struct.Struct(">BBqqI")  # magic .. key_length: the checksummed part of HEADER
-VALUE_LENGTH = struct.Struct(">i")
+LENGTH: Final = struct.Struct(">I")
+PREFIX: Final = struct.Struct(">II")  # length, crc
+HEADER: Final = struct.Struct(">IIBBqqI")  # length .. key_length: everything before the key
+BODY_HEAD: Final = struct.Struct(">BBqqI")  # magic .. key_length: the checksummed part of HEADER
+VALUE_LENGTH: Final = struct.Struct(">i")
 # What every append calls, bound once: a compiled module (server/native.py) would look
 # the method up on the Struct, or the function up on its module, at each call.
-_pack_prefix = PREFIX.pack
-_pack_body_head = BODY_HEAD.pack
-_pack_value_length = VALUE_LENGTH.pack
-_crc32 = zlib.crc32
+_pack_prefix: Final = PREFIX.pack
+_pack_body_head: Final = BODY_HEAD.pack
+_pack_value_length: Final = VALUE_LENGTH.pack
+_crc32: Final = zlib.crc32
 
-HEADER_SIZE = HEADER.size  # 30
+HEADER_SIZE: Final = HEADER.size  # 30
 assert HEADER_SIZE == KEY_AT
-LENGTH_FIELD_SIZE = LENGTH.size
+LENGTH_FIELD_SIZE: Final = LENGTH.size
 # The length of a frame with an empty key and a null value: the smallest a frame can be.
-MIN_LENGTH = HEADER_SIZE - LENGTH_FIELD_SIZE + VALUE_LENGTH.size  # 30
-MAX_FRAME_LENGTH = 64 * 1024 * 1024
+MIN_LENGTH: Final = HEADER_SIZE - LENGTH_FIELD_SIZE + VALUE_LENGTH.size  # 30
+MAX_FRAME_LENGTH: Final = 64 * 1024 * 1024
 # walk_frames checksums frames shorter than this over a copy of their bytes.
 CRC_COPY_BELOW = 4096
-NULL_VALUE_LENGTH = -1
+NULL_VALUE_LENGTH: Final = -1
 # A length field below MIN_LENGTH is still checked against the bytes it claims when the
 # checksum then covers at least one byte: one that holds was written so (InvalidFrame).
 SHORTEST_CHECKED_LENGTH = CRC_START - LENGTH_FIELD_SIZE + 1  # 5

@@ -11,6 +11,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from heapq import heappop, heappush
 from operator import attrgetter
+from typing import Final
 
 import msgspec
 
@@ -19,11 +20,11 @@ from protocol.sweep import sweep
 
 # Delivery states of a record (docs/semantics.md §1.5). Archiving (3) exists in Kafka's enum but is
 # never persisted by KIP-932; the edge checks accept only the four below.
-AVAILABLE = 0
-ACQUIRED = 1
-ACKNOWLEDGED = 2
-ARCHIVED = 4
-DELIVERY_STATES = frozenset({AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED})
+AVAILABLE: Final = 0
+ACQUIRED: Final = 1
+ACKNOWLEDGED: Final = 2
+ARCHIVED: Final = 4
+DELIVERY_STATES: Final = frozenset({AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED})
 # Kafka's names (RecordState), as `sharecoord log dump` and the audit's page print them.
 STATE_NAMES = {0: "Available", 1: "Acquired", 2: "Acknowledged", 3: "Archiving", 4: "Archived"}
 
@@ -320,19 +321,19 @@ def _prune_clean(batches: Sequence[StateBatch], start_offset: int) -> Sequence[S
 
 
 # Kafka's set order (PersisterStateBatch.compareTo): first, last, count, then state.
-_set_order = attrgetter("first_offset", "last_offset", "delivery_count", "delivery_state")
-_last_offset = attrgetter("last_offset")
-_first_offset = attrgetter("first_offset")
+_set_order: Final = attrgetter("first_offset", "last_offset", "delivery_count", "delivery_state")
+_last_offset: Final = attrgetter("last_offset")
+_first_offset: Final = attrgetter("first_offset")
 
 # Stretches of up to this many batches (stored ones the new batches can reach, and the
 # new ones) are walked as a list, Kafka's way; longer ones are swept (protocol.sweep).
 # The list walk inserts each piece into a list and may resolve a stretch's batches
 # against one another pairwise, which costs more than the sweep's heap past a dozen.
-_LIST_WALK_MAX = 16
+_LIST_WALK_MAX: Final = 16
 
 # Inverted input may wander through ever new sets without repeating one; past this many
 # steps it is declared cyclic. Valid input never looks at the bound.
-_INVERTED_STEP_LIMIT = 100_000
+_INVERTED_STEP_LIMIT: Final = 100_000
 
 
 def _walk(

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import functools
 import re
+from typing import Final
 
 from protocol.topic_id import parse_key_topic_id
 
-_INT32_MIN = -(2**31)
-_INT32_MAX = 2**31 - 1
+_INT32_MIN: Final = -(2**31)
+_INT32_MAX: Final = 2**31 - 1
 # Java's Integer.parseInt: an optional sign, then decimal digits, which may be any
 # Unicode decimal digit (Character.digit) as long as it is one UTF-16 code unit.
 _JAVA_INT = re.compile(r"[+-]?\d+")
@@ -85,8 +86,8 @@ def _digits_hash(partition: int) -> tuple[int, int]:
 
 
 # Topics rarely have more partitions than this; past it, the digits are hashed per call.
-_DIGITS_AHEAD = 4096
-_DIGITS_HASH = [_digits_hash(p) for p in range(_DIGITS_AHEAD)]
+_DIGITS_AHEAD: Final = 4096
+_DIGITS_HASH: Final = [_digits_hash(p) for p in range(_DIGITS_AHEAD)]
 
 
 def partition_for_key(key: str, num_partitions: int) -> int:

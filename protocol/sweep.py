@@ -52,14 +52,15 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left, insort
+from typing import Final
 
 # (first_offset, last_offset, delivery_count, delivery_state): Kafka's set order.
 Entry = tuple[int, int, int, int]
 
 # The plain sweep's steps per batch before the grouped one takes over (input from a
 # share-partition leader needs at most about two).
-PLAIN_STEPS_PER_BATCH = 3
-PLAIN_STEPS_SLACK = 16
+PLAIN_STEPS_PER_BATCH: Final = 3
+PLAIN_STEPS_SLACK: Final = 16
 
 
 def sweep(entries: list[Entry]) -> tuple[list[Entry], int]:

@@ -40,7 +40,7 @@ import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 from persistence import FileOps, LogRecord, PartitionFailedError
 from persistence.fileops import is_disk_full
@@ -78,7 +78,7 @@ from server.metrics import ShareCoordinatorMetrics
 _log = logging.getLogger("sharecoord.runtime")
 
 # Bytes a frame adds around its key and value.
-FRAME_OVERHEAD = HEADER_SIZE + VALUE_LENGTH.size
+FRAME_OVERHEAD: Final = HEADER_SIZE + VALUE_LENGTH.size
 
 RELOAD_BACKOFF_INITIAL_S = 0.05
 RELOAD_BACKOFF_MAX_S = 5.0
@@ -90,9 +90,9 @@ READS_SERVED_UNTIL_THE_DISK_WORKS = "reads are served, writes answer 15 until th
 # A write entry whose new batches and its key's stored ones number more than this leaves
 # the event loop (the module docstring). Merging is a few microseconds per batch, more on
 # adversarial shapes: at this size the loop is held at most a few milliseconds.
-OFFLOAD_BATCHES = 256
+OFFLOAD_BATCHES: Final = 256
 
-UNSYNCED_SWEEP_MIN = 1024
+UNSYNCED_SWEEP_MIN: Final = 1024
 # The background fold of a lazily loaded partition holds the loop this long at a time.
 FOLD_SLICE_S = 0.002
 

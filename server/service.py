@@ -19,7 +19,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any
+from typing import Any, Final
 
 from persistence import (
     DurabilityError,
@@ -61,7 +61,7 @@ SLICE_S = 0.002
 
 
 # What a readable failed partition answers (runtime.PartitionRuntime.answer_read).
-_READS = frozenset({Rpc.READ, Rpc.READ_SUMMARY})
+_READS: Final = frozenset({Rpc.READ, Rpc.READ_SUMMARY})
 
 
 # Who leads each coordinator key's state partition (keys, kafka) -> one result per key.
