@@ -95,6 +95,8 @@ OFFLOAD_BATCHES: Final = 256
 UNSYNCED_SWEEP_MIN: Final = 1024
 # The background fold of a lazily loaded partition holds the loop this long at a time.
 FOLD_SLICE_S = 0.002
+# The entry every write brings, as a C static (an enum member is otherwise two lookups).
+_WRITE: Final = Rpc.WRITE
 
 T = TypeVar("T")
 Offload = Callable[[Callable[[], T]], Awaitable[T]]
@@ -416,7 +418,7 @@ class PartitionRuntime:
     ) -> tuple[AnyPartitionResult, int | None]:
         """``state``: the key's, as the shard holds it now (None for a key without)."""
         shard = self.shard
-        if rpc is Rpc.WRITE:
+        if rpc is _WRITE:
             record, result = shard.write(key, entry, state)
             # Kafka's write-total: every write a shard handles, and leader-epoch reads.
             self.shard_writes += 1
@@ -690,7 +692,7 @@ def _is_long(state: KeyState | None, rpc: Rpc, entry: Any) -> bool:
     """``PartitionRuntime.is_long`` given the key's state."""
     if state is not None and type(state) is LazyKeyState and fold_is_long(state):
         return True
-    if rpc is not Rpc.WRITE:
+    if rpc is not _WRITE:
         return False
     batches = len(entry.state_batches)
     if batches > OFFLOAD_BATCHES:
