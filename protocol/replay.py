@@ -196,12 +196,13 @@ class ShareStateMap:
             entry.leader_fence = record.leader_epoch
         old = entry.state
         start = old.start_offset if record.start_offset == -1 else record.start_offset
+        stored_clean = entry.batches_clean
         if merged is None:
-            clean = entry.batches_clean
-            if clean is None:
-                clean = is_clean(old.state_batches)
+            clean = stored_clean if stored_clean is not None else is_clean(old.state_batches)
             merged = merge_batches(old.state_batches, clean, record.state_batches, start)
-        batches, entry.batches_clean = merged
+        batches, now_clean = merged
+        if now_clean is not stored_clean:  # nearly always clean before and after
+            entry.batches_clean = now_clean
         entry.state = ShareGroupOffset(
             old.snapshot_epoch,
             old.state_epoch,
