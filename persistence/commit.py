@@ -130,7 +130,11 @@ class GroupCommitter(Generic[BatchT]):
     ) -> None:
         if linger_ms < 0:
             raise ValueError(f"linger_ms must be >= 0, got {linger_ms}")
-        local = log if isinstance(log, StateLog) else None
+        # Two statements, not a conditional expression: mypyc types that expression by
+        # its else branch (None) and the compiled mode then refuses a StateLog.
+        local: StateLog | None = None
+        if isinstance(log, StateLog):
+            local = log
         if local is not None and local.journal is None:
             raise ValueError("group commit needs a data directory opened for writing")
         # Kafka's append.linger.ms: wait this long after the first dirty partition before
@@ -439,7 +443,9 @@ class GroupCommitter(Generic[BatchT]):
         thread (_applied hears how that went). With whether the files are all written.
         None, having written nothing, when the record needs the commit thread
         (commit_cycle): no segment yet, a roll, a failed record to erase."""
-        local, journal, flush = self._local, self._journal, self._kernel_flush
+        local = self._local
+        journal = self._journal
+        flush = self._kernel_flush
         assert local is not None
         assert journal is not None
         assert flush is not None

@@ -19,11 +19,11 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from persistence import (
+    DurabilityBarrier,
     DurabilityError,
-    GroupCommitter,
     PartitionFailedError,
 )
 from protocol import errors
@@ -70,6 +70,20 @@ _ACTIVE: Final = Status.ACTIVE
 FindLeaders = Callable[[list[str], bool], Awaitable[list[CoordinatorResult]]]
 
 
+class Commits(Protocol):
+    """What the service asks of the group commit (persistence.GroupCommitter). A
+    protocol, not the class: in the compiled mode GroupCommitter is a native class, and a
+    parameter of its type would take nothing else (the tests' stand-ins)."""
+
+    @property
+    def refusing_writes(self) -> bool: ...
+
+    @property
+    def journal_bytes(self) -> int: ...
+
+    def wait_durable_many(self, targets: dict[int, int]) -> DurabilityBarrier: ...
+
+
 class ServiceError(Exception):
     """An admin operation that cannot be done now; carries the Kafka code."""
 
@@ -84,7 +98,7 @@ class CoordinatorService:
         self,
         *,
         runtimes: dict[int, PartitionRuntime],
-        committer: GroupCommitter[Any],
+        committer: Commits,
         cluster: ClusterMap,
         node_id: int,
         catalog: TopicCatalog,

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
 
-from persistence import StateLog
+from persistence import DurabilityBarrier, StateLog
 from persistence.errors import DurabilityError
 from protocol import codec, errors
 from protocol.codec import Format
@@ -32,26 +32,20 @@ NUM_PARTITIONS = 4
 GROUP = "durability"
 
 
-@dataclass
-class _Barrier:
-    future: asyncio.Future[dict[int, BaseException]]
-    failed: dict[int, BaseException] = field(default_factory=dict)
-    pending: set[int] = field(default_factory=set)
-
-
 class RecordingCommitter:
     """Records each request's targets; ``durable_end`` (partition -> offset) makes that
     partition's commit fail with its durability at that offset."""
 
     refusing_writes = False
+    journal_bytes = 0
 
     def __init__(self) -> None:
         self.targets: list[dict[int, int]] = []
         self.durable_end: dict[int, int] = {}
 
-    def wait_durable_many(self, targets: dict[int, int]) -> _Barrier:
+    def wait_durable_many(self, targets: dict[int, int]) -> DurabilityBarrier:
         self.targets.append(dict(targets))
-        barrier = _Barrier(asyncio.get_running_loop().create_future())
+        barrier = DurabilityBarrier(asyncio.get_running_loop().create_future())
         for partition, end in self.durable_end.items():
             if partition in targets:
                 barrier.failed[partition] = DurabilityError(partition, OSError("test"), end)
@@ -92,7 +86,7 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     committer = RecordingCommitter()
     service = CoordinatorService(
         runtimes=runtimes,
-        committer=committer,  # type: ignore[arg-type]
+        committer=committer,
         cluster=_Cluster(),  # type: ignore[arg-type]
         node_id=0,
         catalog=None,  # type: ignore[arg-type]
