@@ -35,16 +35,21 @@ ROOT = Path(__file__).resolve().parents[1]
 # (batches.py, replay.py) are compiled while their Structs live beside them
 # (state_batch.py, key_state.py): a batched entry 5.41 against 6.04 µs of CPU
 # (bench.entry_cost, medians of 8 interleaved runs, 2026-11-28). Left out, and why:
-# - persistence/partition.py defines Structs too, and costs an entry ~2%;
-# - persistence/commit.py: its GroupCommitter would become a native class, and every
-#   compiled function typed to take one would refuse anything else (the tests' stand-in
-#   committers).
+# - persistence/partition.py defines Structs too, and costs an entry ~2%; and the suite's
+#   blocking-call detector allows its one write on the loop by the Python frame of
+#   PartitionLog.try_apply, which a compiled module does not have.
+# The group commit (persistence/commit.py) is in: what it does per request (the
+# durability barrier, the journal-size check, the waiters' release) ran interpreted
+# beside compiled callers; Kafka listener single writes at c=64, 5 interleaved pairs on
+# 2026-11-28: 0.5-4.2% more requests/s in each (median 3.6%). Its callers are typed to
+# take a GroupCommitter, which is then a native class: no stand-in will do.
 # Tried and left out as they gain nothing (2026-11-27, interleaved on one machine): the
 # commit path (commit, journal, kernel_flush, fileops, statelog, partition) compiled beside
 # these: Kafka listener single writes at c=64 21,040-22,095 against 21,644-22,311 req/s
-# (its time is system calls and C); batches.py and replay.py compiled with their Structs
-# in place (which also loses the constraints): the in-process Kafka path 20.8-21.7
-# against 20.0-20.8 µs a request, slower;
+# (its time is system calls and C); on 2026-11-28, journal and statelog beside commit and
+# partition gained nothing over those two (3 rounds); batches.py and replay.py compiled
+# with their Structs in place (which also loses the constraints): the in-process Kafka
+# path 20.8-21.7 against 20.0-20.8 µs a request, slower;
 # protocol/loading.py: the daemon's load of 1M records 1.74-1.88 against 1.50-1.55 s,
 # slower; the commit path again at 3,000 open-loop writes/s, where a cycle carries one
 # write: 172 against 164-170 µs of CPU a write. A compiled module reaches a msgspec
@@ -54,6 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # header: 450 against 690 ns a frame).
 # The runtime's generators, which mypyc does not compile, are in server/folds.py.
 MODULES = (
+    "persistence/commit.py",
     "persistence/frame.py",
     "protocol/batches.py",
     "protocol/codec.py",

@@ -25,10 +25,11 @@ COMPILED_PASS = "SHARECOORD_COMPILED_PASS"
 
 # What must hold in each mode: the combiner and the codecs against their references,
 # the shard's rules and model, Kafka's own share coordinator answering the same requests,
-# the RPCs end to end over HTTP and the Kafka protocol, what an answer waits for, and
-# bad input refused in one line.
+# the log and its group commit, the RPCs end to end over HTTP and the Kafka protocol,
+# what an answer waits for, and bad input refused in one line.
 TESTS = (
     "tests/protocol",
+    "tests/persistence",
     "tests/shard",
     "tests/kafka_peer",
     "tests/server/test_e2e_rpc.py",
