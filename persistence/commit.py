@@ -63,7 +63,7 @@ from persistence.kernel_flush import KernelFlush
 from persistence.partition import PendingBatch
 from persistence.readiness import DiskFullCallback, JournalReadiness
 from persistence.room import RoomWatch
-from persistence.statelog import StateLog
+from persistence.statelog import CHECKPOINT_SPREAD, StateLog
 from persistence.store import BatchT, CycleResult, StateStore
 
 _log = logging.getLogger("sharecoord.log")
@@ -273,7 +273,7 @@ class GroupCommitter(Generic[BatchT]):
             if self._checkpoint_task is not None:
                 await asyncio.gather(self._checkpoint_task, return_exceptions=True)
             try:
-                await self._checkpoint()
+                await self._checkpoint(spread=0.0)  # the last one, at full speed
             except OSError as exc:
                 # The disk, not a bug: a line (the journal keeps it all for the next start).
                 _log.warning(
@@ -543,9 +543,10 @@ class GroupCommitter(Generic[BatchT]):
                 self._checkpoint(), name="checkpoint"
             )
 
-    async def _checkpoint(self) -> None:
+    async def _checkpoint(self, spread: float = CHECKPOINT_SPREAD) -> None:
         """One checkpoint at the journal's end as it is now (between cycles: every
-        record below it has been applied to the partition files)."""
+        record below it has been applied to the partition files), paced by `spread`
+        (StateLog.take_checkpoint)."""
         if self._checkpointer is None or self._local is None or self._journal is None:
             return
         # Not the journal's end: the cycle in the commit thread may have journaled a
@@ -566,7 +567,7 @@ class GroupCommitter(Generic[BatchT]):
 
         try:
             failures = await loop.run_in_executor(
-                self._checkpointer, self._local.take_checkpoint, lsn, written, stop_now
+                self._checkpointer, self._local.take_checkpoint, lsn, written, stop_now, spread
             )
         except OSError as exc:
             self._unsynced |= written  # the old CHECKPOINT stands: sync them next time

@@ -81,7 +81,7 @@ def write_through_journal(
     for part in log.partitions:
         part.open()
     # As a killed process: no checkpoint, not even the committer's last one.
-    log.take_checkpoint = lambda lsn, written, on_failure=None: {}  # type: ignore[method-assign]
+    log.take_checkpoint = lambda lsn, written, on_failure=None, spread=0.0: {}  # type: ignore[method-assign]
     written: list[list[LogRecord]] = [[] for _ in range(num_partitions)]
 
     async def run() -> None:

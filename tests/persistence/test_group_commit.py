@@ -15,6 +15,8 @@ import queue
 import random
 import shutil
 import threading
+import time
+from typing import Any
 
 import pytest
 from blockbuster import BlockingError
@@ -27,6 +29,7 @@ from persistence import (
     LogRecord,
     PartitionFailedError,
     StateLog,
+    statelog,
     verify,
 )
 from persistence.journal import list_journal_segments, read_checkpoint, scan_journal
@@ -433,6 +436,66 @@ async def test_a_checkpoint_syncs_the_written_partitions_and_frees_the_journal(
         assert synced.size == log.partition(p).size_bytes
         assert synced.lsn == log.journal.end_lsn if log.journal else False
     assert [path for path in fs.datasynced if path.endswith(".log")]
+    await asyncio.to_thread(log.close)
+
+
+class SlowSyncFileOps(FaultInjectingFileOps):
+    """Each fdatasync of a partition file takes at least SYNC_S."""
+
+    SYNC_S = 0.005
+
+    def fdatasync(self, fd: int) -> None:
+        if self.path_of(fd).endswith(".log"):
+            time.sleep(self.SYNC_S)
+        super().fdatasync(fd)
+
+
+@pytest.mark.parametrize("spread", [0.0, 2.0])
+async def test_a_paced_checkpoint_pauses_after_each_partition_sync_as_long_as_spread_says(
+    data_dir: str, monkeypatch: pytest.MonkeyPatch, spread: float
+) -> None:
+    log = await opened(data_dir, SlowSyncFileOps(), num_partitions=3)
+    committer = GroupCommitter(log, checkpoint_bytes=1 << 30)  # no checkpoint but ours
+    committer.start()
+    for p in range(3):
+        await append_and_wait(committer, log, p, 2)
+    pauses: list[float] = []
+    monkeypatch.setattr(statelog, "_pause", pauses.append)
+    await asyncio.to_thread(log.take_checkpoint, log.journal.end_lsn, {0, 1, 2}, None, spread)
+    monkeypatch.undo()
+    if spread:
+        # One pause per partition synced, `spread` times its sync (which took at least
+        # SYNC_S), never above the cap.
+        assert len(pauses) == 3
+        for pause in pauses:
+            assert spread * SlowSyncFileOps.SYNC_S <= pause <= statelog.CHECKPOINT_PAUSE_MAX_S
+    else:
+        assert pauses == []
+    await committer.close()
+    await asyncio.to_thread(log.close)
+
+
+async def test_the_periodic_checkpoints_are_paced_and_the_last_one_at_close_is_not(
+    data_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = await opened(data_dir, num_partitions=3)
+    spreads: list[float] = []
+    take = log.take_checkpoint
+
+    def recording(lsn: int, written: set[int], on_failure: Any = None, spread: float = 0.0) -> Any:
+        spreads.append(spread)
+        return take(lsn, written, on_failure, spread)
+
+    monkeypatch.setattr(log, "take_checkpoint", recording)
+    monkeypatch.setattr(statelog, "_pause", lambda seconds: None)
+    committer = GroupCommitter(log, checkpoint_bytes=1)  # after every cycle
+    committer.start()
+    for round_number in range(3):
+        await append_and_wait(committer, log, round_number, 2)
+    await committer.close()
+    assert len(spreads) >= 2
+    assert spreads[:-1] == [statelog.CHECKPOINT_SPREAD] * (len(spreads) - 1)
+    assert spreads[-1] == 0.0
     await asyncio.to_thread(log.close)
 
 

@@ -69,7 +69,7 @@ def crash_after_writes(data_dir: str, partition: int, count: int) -> list[LogRec
     and (unsynced) in the partition's file."""
     log = open_as(data_dir)
     log.partition(partition).open()
-    log.take_checkpoint = lambda lsn, written, on_failure=None: {}  # type: ignore[method-assign]
+    log.take_checkpoint = lambda lsn, written, on_failure=None, spread=0.0: {}  # type: ignore[method-assign]
 
     async def run() -> list[LogRecord]:
         committer = GroupCommitter(log)
