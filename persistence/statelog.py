@@ -88,6 +88,11 @@ from persistence.store import CycleResult, StateStore
 _log = logging.getLogger("sharecoord.log")
 
 META_FORMAT = 2
+META_FORMATS = (1, 2)  # what this version reads; 1 is migrated on the first writable open
+META_FILE = "meta"
+LOCK_FILE = "LOCK"
+PARTITIONS_DIR = "partitions"
+
 # A checkpoint's pace: after each partition's fdatasync its thread waits this many times
 # as long as the sync took (at most CHECKPOINT_PAUSE_MAX_S), so that the disk serves the
 # journal's flushes between them. Each such sync also commits the file's new size (the
@@ -99,10 +104,6 @@ META_FORMAT = 2
 CHECKPOINT_SPREAD = 2.0
 CHECKPOINT_PAUSE_MAX_S = 0.02
 _pause = time.sleep  # the tests count the pauses here
-META_FORMATS = (1, 2)  # what this version reads; 1 is migrated on the first writable open
-META_FILE = "meta"
-LOCK_FILE = "LOCK"
-PARTITIONS_DIR = "partitions"
 
 
 def partition_dir(data_dir: str | os.PathLike[str], partition: int) -> str:

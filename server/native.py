@@ -40,9 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]
 #   PartitionLog.try_apply, which a compiled module does not have.
 # The group commit (persistence/commit.py) is in: what it does per request (the
 # durability barrier, the journal-size check, the waiters' release) ran interpreted
-# beside compiled callers; Kafka listener single writes at c=64, 5 interleaved pairs on
-# 2026-11-28: 0.5-4.2% more requests/s in each (median 3.6%). Its callers are typed to
-# take a GroupCommitter, which is then a native class: no stand-in will do.
+# between compiled callers; Kafka listener single writes at c=64, 6 interleaved pairs on
+# 2026-11-28: 0.986x the CPU per request, lower in each pair. GroupCommitter is then a
+# native class, which a parameter typed to it takes alone: the service takes a protocol
+# (server/service.py's Commits), which the tests' stand-in fits too.
 # Tried and left out as they gain nothing (2026-11-27, interleaved on one machine): the
 # commit path (commit, journal, kernel_flush, fileops, statelog, partition) compiled beside
 # these: Kafka listener single writes at c=64 21,040-22,095 against 21,644-22,311 req/s
