@@ -37,6 +37,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,6 +156,21 @@ class FileOps:
         included: any growth means something was freed)."""
         stat = os.statvfs(path)
         return stat.f_bfree * stat.f_frsize
+
+
+# Disk work beside the commit cycles (a checkpoint's partition syncs, the journal's next
+# segment) goes in steps, each followed by a pause `spread` times as long as the step
+# took, at most PACE_MAX_S: the disk serves the cycles' flushes between the steps instead
+# of queueing them behind the whole of it.
+PACE_MAX_S = 0.02
+_pause = time.sleep  # the tests count the pauses here
+
+
+def pace(began: float, spread: float) -> None:
+    """The pause after a step of background disk work that began at ``began``
+    (time.monotonic()); none with ``spread`` 0."""
+    if spread > 0:
+        _pause(min(spread * (time.monotonic() - began), PACE_MAX_S))
 
 
 def is_disk_full(exc: BaseException) -> bool:

@@ -15,6 +15,10 @@ DATA/journal/<lsn>.journal   segments, named by the log sequence number (LSN) of
                              use (O_EXCL, zero-filled to its full size, fsynced, its
                              directory fsynced), so writing a record never changes its
                              size and fdatasync flushes data only.
+DATA/journal/<lsn>.journal.new
+                             the next segment while it is made, paced, beside the
+                             writes (Journal.ensure_spare), then renamed into place;
+                             one left by a crash is deleted when the journal starts.
 DATA/journal/CHECKPOINT      JSON, replaced atomically (temp, fsync, rename, fsync dir):
                              {"format": 1, "partitions": {"<p>": {"lsn": L, "segment":
                              B, "size": S, "next_offset": N}}}: partition p's segment B
@@ -57,6 +61,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +70,7 @@ from persistence.errors import LogError
 from persistence.fileops import (
     FileOps,
     keep_cut_bytes,
+    pace,
     read_file,
     unlink_if_exists,
     write_file_atomically,
@@ -85,6 +91,13 @@ LSN = struct.Struct(">Q")
 CRC_START = 8
 LSN_AT = 8
 _ZERO_CHUNK = b"\0" * (1 << 20)
+UNFINISHED_SUFFIX = ".new"
+
+# The next segment's pace (fileops.pace): each MiB of its zeros is synced on its own and
+# followed by a pause twice as long as its write and sync took. Written and synced at
+# once, its 16 MiB held the commit cycles' flushes up: at 13,000 single writes/s each
+# new segment sat under ~450 writes slower than 2 ms.
+SEGMENT_SPREAD = 2.0
 
 # What append takes per partition: (partition, first offset, frame count, frames).
 EntryFrames = tuple[int, int, int, bytes | bytearray | memoryview]
@@ -432,21 +445,41 @@ def frame_checksum(frames: bytes, start: int) -> int:
 
 def create_segment(fs: FileOps, directory: str, base: int, size: int) -> None:
     """A new segment of ``size`` zero bytes, durable with its directory entry."""
-    path = segment_file(directory, base)
+    _write_zeros(fs, segment_file(directory, base), size, 0.0)
+    fs.fsync_dir(directory)
+
+
+def _write_zeros(fs: FileOps, path: str, size: int, spread: float) -> None:
+    """A new file of ``size`` zero bytes, fsynced; with ``spread``, synced a chunk at a
+    time, each followed by its pause. A failure leaves no file behind."""
     fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         left = size
         while left > 0:
+            began = time.monotonic()
             chunk = _ZERO_CHUNK if left >= len(_ZERO_CHUNK) else _ZERO_CHUNK[:left]
             fs.write_all(fd, chunk)
             left -= len(chunk)
+            if spread > 0:
+                fs.fdatasync(fd)
+                pace(began, spread)
         fs.fsync(fd)
     except BaseException:
         fs.close(fd)
         unlink_if_exists(fs, path)
         raise
     fs.close(fd)
-    fs.fsync_dir(directory)
+
+
+def remove_unfinished(fs: FileOps, directory: str) -> None:
+    """Delete the segments a crash left half made (``.journal.new``): never in use."""
+    removed = False
+    for name in fs.listdir(directory):
+        if name.endswith(JOURNAL_SUFFIX + UNFINISHED_SUFFIX):
+            fs.unlink(os.path.join(directory, name))
+            removed = True
+    if removed:
+        fs.fsync_dir(directory)
 
 
 def next_free_lsn(fs: FileOps, directory: str) -> int:
@@ -499,6 +532,7 @@ class Journal:
         """A journal that goes on after every segment there is (recovery read them) and
         at or above ``at_least``. Its segments are created when first needed, or ahead
         of need by ``ensure_spare``."""
+        remove_unfinished(fs, directory)
         return cls(fs, directory, max(next_free_lsn(fs, directory), at_least), segment_bytes)
 
     @property
@@ -518,11 +552,29 @@ class Journal:
 
     def ensure_spare(self) -> None:
         """Create the current segment, if no append has yet, and the next one, ahead of
-        need (from a thread that does not append: the checkpoint thread)."""
+        need (from a thread that does not append: the checkpoint thread). Once records
+        are written, the next one is made paced (SEGMENT_SPREAD), under a name of its
+        own, and renamed into place: a roll that needs it before that makes it at once
+        itself, and never waits for the paced one."""
         with self._segments_lock:
-            for base in (self._base, self.spare_lsn):
-                if not self._fs.exists(segment_file(self.directory, base)):
-                    create_segment(self._fs, self.directory, base, self.segment_bytes)
+            if not self._fs.exists(segment_file(self.directory, self._base)):
+                create_segment(self._fs, self.directory, self._base, self.segment_bytes)
+            base = self.spare_lsn
+            path = segment_file(self.directory, base)
+            if self._fs.exists(path):
+                return
+            spread = 0.0 if self._fd is None else SEGMENT_SPREAD
+        unfinished = path + UNFINISHED_SUFFIX
+        if self._fs.exists(unfinished):
+            self._fs.unlink(unfinished)  # an earlier try's, which failed to remove it
+        _write_zeros(self._fs, unfinished, self.segment_bytes, spread)
+        with self._segments_lock:
+            if self._fs.exists(path):
+                self._fs.unlink(unfinished)  # a roll made it meanwhile
+                return
+            # Its name durable before a roll can write a record into it.
+            self._fs.rename(unfinished, path)
+            self._fs.fsync_dir(self.directory)
 
     def append(self, entries: Sequence[EntryFrames]) -> JournalRecord:
         """Write one record and fdatasync it: when this returns, the record is durable.

@@ -57,7 +57,7 @@ from persistence.errors import (
     MetaMismatchError,
     PartitionFailedError,
 )
-from persistence.fileops import FileOps, is_disk_full, read_file, write_file_atomically
+from persistence.fileops import FileOps, is_disk_full, pace, read_file, write_file_atomically
 from persistence.journal import (
     DEFAULT_JOURNAL_SEGMENT_BYTES,
     Checkpoint,
@@ -93,17 +93,15 @@ META_FILE = "meta"
 LOCK_FILE = "LOCK"
 PARTITIONS_DIR = "partitions"
 
-# A checkpoint's pace: after each partition's fdatasync its thread waits this many times
-# as long as the sync took (at most CHECKPOINT_PAUSE_MAX_S), so that the disk serves the
-# journal's flushes between them. Each such sync also commits the file's new size (the
+# A checkpoint's pace (fileops.pace): after each partition's fdatasync its thread waits
+# this many times as long as the sync took (at most fileops.PACE_MAX_S), so that the disk
+# serves the journal's flushes between them. Each such sync also commits the file's new size (the
 # file system's journal) and competes with the commit cycles' fdatasync; fifty back to
 # back held the cycles up for 20-180 ms on the README's machine, and the writes behind
 # them queued for that long. Paced, single writes over the Kafka listener at 13,000/s
 # with a checkpoint every second: p99 2.95-4.21 against 4.49-5.34 ms (5 pairs). The
 # close's last checkpoint is not paced.
 CHECKPOINT_SPREAD = 2.0
-CHECKPOINT_PAUSE_MAX_S = 0.02
-_pause = time.sleep  # the tests count the pauses here
 
 
 def partition_dir(data_dir: str | os.PathLike[str], partition: int) -> str:
@@ -479,9 +477,7 @@ class StateLog:
                         on_failure(p, exc)
                     continue
                 finally:
-                    if spread > 0:
-                        took = time.monotonic() - began
-                        _pause(min(spread * took, CHECKPOINT_PAUSE_MAX_S))
+                    pace(began, spread)
             elif not log.is_open:
                 # Not written since its checkpoint (nor ever opened here): what its files
                 # had then is all there is.

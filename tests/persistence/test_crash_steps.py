@@ -68,6 +68,10 @@ PRE_CREATION = [
     ("write", ".journal", 2, "before"),  # zero-filling a segment
     ("fsync", ".journal", 3, "before"),
     ("fsync", ".journal", 3, "after"),
+    # The next segment made paced beside the writes, under its own name, then renamed.
+    ("fdatasync", ".journal.new", 2, "after"),
+    ("rename", ".journal.new", 2, "before"),
+    ("rename", ".journal.new", 2, "after"),
 ]
 RECOVERY = [
     ("truncate", "partitions", 1, "after"),  # cutting an unsynced tail
@@ -139,6 +143,7 @@ def check(data_dir: str, model: Acknowledged[tuple[int, int], str]) -> None:
         offsets = sorted(o for q, o in found if q == p)
         assert offsets == list(range(len(offsets))), f"a gap in partition {p}"
     assert verify(data_dir).ok
+    assert not list(Path(journal_dir(data_dir)).glob("*.new")), "a half-made segment was left"
     once = tree_snapshot(data_dir)
     assert recover(data_dir) == found
     assert tree_snapshot(data_dir) == once, "a second recovery changed the files"

@@ -29,6 +29,7 @@ from persistence import (
     LogRecord,
     PartitionFailedError,
     StateLog,
+    fileops,
     statelog,
     verify,
 )
@@ -460,7 +461,7 @@ async def test_a_paced_checkpoint_pauses_after_each_partition_sync_as_long_as_sp
     for p in range(3):
         await append_and_wait(committer, log, p, 2)
     pauses: list[float] = []
-    monkeypatch.setattr(statelog, "_pause", pauses.append)
+    monkeypatch.setattr(fileops, "_pause", pauses.append)
     await asyncio.to_thread(log.take_checkpoint, log.journal.end_lsn, {0, 1, 2}, None, spread)
     monkeypatch.undo()
     if spread:
@@ -468,7 +469,7 @@ async def test_a_paced_checkpoint_pauses_after_each_partition_sync_as_long_as_sp
         # SYNC_S), never above the cap.
         assert len(pauses) == 3
         for pause in pauses:
-            assert spread * SlowSyncFileOps.SYNC_S <= pause <= statelog.CHECKPOINT_PAUSE_MAX_S
+            assert spread * SlowSyncFileOps.SYNC_S <= pause <= fileops.PACE_MAX_S
     else:
         assert pauses == []
     await committer.close()
@@ -487,7 +488,7 @@ async def test_the_periodic_checkpoints_are_paced_and_the_last_one_at_close_is_n
         return take(lsn, written, on_failure, spread)
 
     monkeypatch.setattr(log, "take_checkpoint", recording)
-    monkeypatch.setattr(statelog, "_pause", lambda seconds: None)
+    monkeypatch.setattr(fileops, "_pause", lambda seconds: None)
     committer = GroupCommitter(log, checkpoint_bytes=1)  # after every cycle
     committer.start()
     for round_number in range(3):

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import os
 import struct
+import threading
 import zlib
+from collections.abc import Callable
 
 import pytest
 
-from persistence import LogError
+from persistence import LogError, fileops
 from persistence.fileops import FileOps
 from persistence.journal import (
     RECORD_HEAD,
+    UNFINISHED_SUFFIX,
     Checkpoint,
     Journal,
     JournalCorruptionError,
@@ -240,3 +243,110 @@ def test_no_record_follows_a_failed_one_until_it_is_erased(directory: str) -> No
     assert not journal.is_void(void)
     assert after >= SEGMENT
     assert [r.lsn for r in scan_journal(FS, directory, 0).records] == [*good, after]
+
+
+class SyncCountingFileOps(FileOps):
+    """Counts each path's fdatasyncs."""
+
+    def __init__(self) -> None:
+        self.paths: dict[int, str] = {}
+        self.datasyncs: list[str] = []
+
+    def open(self, path: str, flags: int, mode: int = 0o644) -> int:
+        fd = super().open(path, flags, mode)
+        self.paths[fd] = path
+        return fd
+
+    def fdatasync(self, fd: int) -> None:
+        self.datasyncs.append(self.paths[fd])
+        super().fdatasync(fd)
+
+
+def test_the_next_segment_is_made_paced_once_records_are_written(
+    directory: str, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before any record the segments are made at once (the daemon's start waits for
+    # them); then the next one is written a MiB at a time, each MiB synced and followed
+    # by its pause, under a name of its own that is renamed into place.
+    fs = SyncCountingFileOps()
+    pauses: list[float] = []
+    monkeypatch.setattr(fileops, "_pause", pauses.append)
+    fresh = Journal(fs, directory, 0, SEGMENT)
+    fresh.ensure_spare()
+    assert [b for b, _ in list_journal_segments(FS, directory)] == [0, SEGMENT]
+    assert (pauses, fs.datasyncs) == ([], [])
+
+    size = 3 * 1024 * 1024 + 100
+    busy = str(tmp_path / "busy")
+    os.mkdir(busy)
+    journal = Journal(fs, busy, 0, size)
+    journal.append([(0, 0, 1, b"abc")])  # its roll made the first segment
+    journal.ensure_spare()
+    spare = segment_file(busy, size)
+    assert fs.datasyncs == [segment_file(busy, 0)] + [spare + UNFINISHED_SUFFIX] * 4
+    assert len(pauses) == 4  # 3 MiB and the rest
+    assert all(0 < pause <= fileops.PACE_MAX_S for pause in pauses)
+    assert os.path.getsize(spare) == size and read_bytes(spare) == bytes(size)
+    assert sorted(os.listdir(busy)) == [os.path.basename(p) for p in (segment_file(busy, 0), spare)]
+
+
+def test_a_roll_never_waits_for_the_paced_segment_and_takes_the_one_it_made(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The checkpoint thread makes the next segment, paced; the writes reach its base
+    # meanwhile: the roll makes it at once itself, and the paced one is thrown away
+    # rather than renamed over a segment that holds records.
+    journal = Journal(FS, directory, 0, SEGMENT)
+    write(journal, 1)  # records are written: the next segment is paced
+    paused, go_on = threading.Event(), threading.Event()
+
+    def pause(seconds: float) -> None:
+        paused.set()
+        assert go_on.wait(60)
+
+    monkeypatch.setattr(fileops, "_pause", pause)
+    failures: list[BaseException] = []
+    lsns: list[int] = []
+
+    def run(work: Callable[[], object]) -> threading.Thread:
+        def guarded() -> None:
+            try:
+                work()
+            except BaseException as exc:
+                failures.append(exc)
+
+        thread = threading.Thread(target=guarded)
+        thread.start()
+        return thread
+
+    maker, writer = run(journal.ensure_spare), None
+    try:
+        assert paused.wait(60)
+        # Past the first segment, into the one the roll makes, while the maker pauses.
+        writer = run(lambda: lsns.extend(write(journal, 60)))
+        writer.join(60)
+        assert not writer.is_alive(), "the roll waited for the paced segment"
+    finally:
+        go_on.set()
+        maker.join()
+        if writer is not None:
+            writer.join()
+    assert failures == []
+    assert journal.end_lsn > SEGMENT
+    assert [r.lsn for r in scan_journal(FS, directory, 0).records][-60:] == lsns
+    assert not [n for n in os.listdir(directory) if n.endswith(UNFINISHED_SUFFIX)]
+
+
+def test_a_segment_a_crash_left_half_made_is_deleted_when_the_journal_starts(
+    directory: str,
+) -> None:
+    journal = Journal(FS, directory, 0, SEGMENT)
+    lsns = write(journal, 3)
+    journal.close()
+    unfinished = segment_file(directory, SEGMENT) + UNFINISHED_SUFFIX
+    with open(unfinished, "wb") as half:
+        half.write(bytes(SEGMENT // 2))
+    again = Journal.start(FS, directory, SEGMENT)
+    assert not os.path.exists(unfinished)
+    assert again.end_lsn == SEGMENT  # the half-made one was never a segment
+    assert [r.lsn for r in scan_journal(FS, directory, 0).records] == lsns
