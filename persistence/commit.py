@@ -256,6 +256,8 @@ class GroupCommitter(Generic[BatchT]):
             return
         if not self._closing:
             self._closing = True
+            if self._journal is not None:
+                self._journal.hurry()  # the last checkpoint waits for its thread
             self._dirty.update(p.partition for p in self._log.partitions if p.has_pending)
             self._wakeup.set()
         try:

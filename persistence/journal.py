@@ -93,10 +93,10 @@ LSN_AT = 8
 _ZERO_CHUNK = b"\0" * (1 << 20)
 UNFINISHED_SUFFIX = ".new"
 
-# The next segment's pace (fileops.pace): each MiB of its zeros is synced on its own and
-# followed by a pause twice as long as its write and sync took. Written and synced at
-# once, its 16 MiB held the commit cycles' flushes up: at 13,000 single writes/s each
-# new segment sat under ~450 writes slower than 2 ms.
+# The next segment's pace (fileops.pace): each MiB of its zeros but the last is synced on
+# its own and followed by a pause twice as long as its write and sync took. Written and
+# synced at once, its 16 MiB held the commit cycles' flushes up: at 13,000 single
+# writes/s each new segment sat under ~450 writes slower than 2 ms.
 SEGMENT_SPREAD = 2.0
 
 # What append takes per partition: (partition, first offset, frame count, frames).
@@ -449,9 +449,12 @@ def create_segment(fs: FileOps, directory: str, base: int, size: int) -> None:
     fs.fsync_dir(directory)
 
 
-def _write_zeros(fs: FileOps, path: str, size: int, spread: float) -> None:
+def _write_zeros(
+    fs: FileOps, path: str, size: int, spread: float, hurry: threading.Event | None = None
+) -> None:
     """A new file of ``size`` zero bytes, fsynced; with ``spread``, synced a chunk at a
-    time, each followed by its pause. A failure leaves no file behind."""
+    time, each followed by its pause, until ``hurry`` is set. A failure leaves no file
+    behind."""
     fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         left = size
@@ -460,8 +463,8 @@ def _write_zeros(fs: FileOps, path: str, size: int, spread: float) -> None:
             chunk = _ZERO_CHUNK if left >= len(_ZERO_CHUNK) else _ZERO_CHUNK[:left]
             fs.write_all(fd, chunk)
             left -= len(chunk)
-            if spread > 0:
-                fs.fdatasync(fd)
+            if spread > 0 and left > 0 and not (hurry is not None and hurry.is_set()):
+                fs.fsync(fd)  # (the file grew: fdatasync would commit its size all the same)
                 pace(began, spread)
         fs.fsync(fd)
     except BaseException:
@@ -522,6 +525,7 @@ class Journal:
         # one (the commit thread) must not race on the same file.
         self._segments_lock = threading.Lock()
         self.bytes_written = 0  # since open: what the checkpoint cadence looks at
+        self._hurry = threading.Event()  # set: a paced segment goes on at full speed
         # A failed record still on disk: (segment base, position, length).
         self._unerased: tuple[int, int, int] | None = None
 
@@ -563,11 +567,15 @@ class Journal:
             path = segment_file(self.directory, base)
             if self._fs.exists(path):
                 return
-            spread = 0.0 if self._fd is None else SEGMENT_SPREAD
+            if self._fd is None:
+                # No record yet (the daemon's start waits for this): at once, and a
+                # first roll waits for it.
+                create_segment(self._fs, self.directory, base, self.segment_bytes)
+                return
         unfinished = path + UNFINISHED_SUFFIX
         if self._fs.exists(unfinished):
             self._fs.unlink(unfinished)  # an earlier try's, which failed to remove it
-        _write_zeros(self._fs, unfinished, self.segment_bytes, spread)
+        _write_zeros(self._fs, unfinished, self.segment_bytes, SEGMENT_SPREAD, self._hurry)
         with self._segments_lock:
             if self._fs.exists(path):
                 self._fs.unlink(unfinished)  # a roll made it meanwhile
@@ -575,6 +583,11 @@ class Journal:
             # Its name durable before a roll can write a record into it.
             self._fs.rename(unfinished, path)
             self._fs.fsync_dir(self.directory)
+
+    def hurry(self) -> None:
+        """Make the segment being made, and any after it, at full speed from now on:
+        the daemon is stopping, and its last checkpoint waits for that thread."""
+        self._hurry.set()
 
     def append(self, entries: Sequence[EntryFrames]) -> JournalRecord:
         """Write one record and fdatasync it: when this returns, the record is durable.

@@ -69,9 +69,9 @@ PRE_CREATION = [
     ("fsync", ".journal", 3, "before"),
     ("fsync", ".journal", 3, "after"),
     # The next segment made paced beside the writes, under its own name, then renamed.
-    ("fdatasync", ".journal.new", 2, "after"),
-    ("rename", ".journal.new", 2, "before"),
-    ("rename", ".journal.new", 2, "after"),
+    ("fsync", ".journal.new", 1, "after"),
+    ("rename", ".journal.new", 1, "before"),
+    ("rename", ".journal.new", 1, "after"),
 ]
 RECOVERY = [
     ("truncate", "partitions", 1, "after"),  # cutting an unsynced tail

@@ -274,7 +274,8 @@ async def test_one_barrier_settles_every_partition_and_names_the_failed_ones(
     log = await opened(data_dir, fs)
     committer = GroupCommitter(log)
     committer.start()
-    await append_and_wait(committer, log, 2, 1)  # the journal's segments exist by now
+    await committer.prepared()  # the journal's segments exist by now
+    await append_and_wait(committer, log, 2, 1)
     fs.fail("write", errno.EIO, path_contains="journal/")
     targets = {p: append_records(log.partition(p), 3)[-1].offset for p in range(2)}
     barrier = committer.wait_durable_many(targets)
@@ -473,6 +474,35 @@ async def test_a_paced_checkpoint_pauses_after_each_partition_sync_as_long_as_sp
     else:
         assert pauses == []
     await committer.close()
+    await asyncio.to_thread(log.close)
+
+
+async def test_closing_hurries_the_journal_before_the_last_checkpoint(
+    data_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The last checkpoint runs in the thread that may be making the next journal
+    # segment, paced: close tells the journal to finish it at full speed, first.
+    log = await opened(data_dir, num_partitions=2)
+    journal = log.journal
+    assert journal is not None
+    events: list[str] = []
+    hurry, take = journal.hurry, log.take_checkpoint
+
+    def hurrying() -> None:
+        events.append("hurry")
+        hurry()
+
+    def checkpoint(lsn: int, written: set[int], on_failure: Any = None, spread: float = 0.0) -> Any:
+        events.append(f"checkpoint {spread}")
+        return take(lsn, written, on_failure, spread)
+
+    monkeypatch.setattr(journal, "hurry", hurrying)
+    monkeypatch.setattr(log, "take_checkpoint", checkpoint)
+    committer = GroupCommitter(log, checkpoint_bytes=1 << 30)  # none but the last
+    committer.start()
+    await append_and_wait(committer, log, 0, 2)
+    await committer.close()
+    assert events == ["hurry", "checkpoint 0.0"]
     await asyncio.to_thread(log.close)
 
 

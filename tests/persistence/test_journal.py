@@ -246,48 +246,76 @@ def test_no_record_follows_a_failed_one_until_it_is_erased(directory: str) -> No
 
 
 class SyncCountingFileOps(FileOps):
-    """Counts each path's fdatasyncs."""
+    """Counts the files opened and each file's fsyncs."""
 
     def __init__(self) -> None:
         self.paths: dict[int, str] = {}
-        self.datasyncs: list[str] = []
+        self.opened: list[str] = []
+        self.fsyncs: list[str] = []
 
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
         fd = super().open(path, flags, mode)
         self.paths[fd] = path
+        self.opened.append(path)
         return fd
 
-    def fdatasync(self, fd: int) -> None:
-        self.datasyncs.append(self.paths[fd])
-        super().fdatasync(fd)
+    def fsync(self, fd: int) -> None:
+        self.fsyncs.append(self.paths[fd])
+        super().fsync(fd)
 
 
 def test_the_next_segment_is_made_paced_once_records_are_written(
     directory: str, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Before any record the segments are made at once (the daemon's start waits for
-    # them); then the next one is written a MiB at a time, each MiB synced and followed
-    # by its pause, under a name of its own that is renamed into place.
+    # them); then the next one is written a MiB at a time, each MiB but the last synced
+    # and followed by its pause, under a name of its own that is renamed into place.
     fs = SyncCountingFileOps()
     pauses: list[float] = []
     monkeypatch.setattr(fileops, "_pause", pauses.append)
     fresh = Journal(fs, directory, 0, SEGMENT)
     fresh.ensure_spare()
     assert [b for b, _ in list_journal_segments(FS, directory)] == [0, SEGMENT]
-    assert (pauses, fs.datasyncs) == ([], [])
+    assert pauses == []
+    assert fs.opened == [segment_file(directory, 0), segment_file(directory, SEGMENT)]
 
     size = 3 * 1024 * 1024 + 100
     busy = str(tmp_path / "busy")
     os.mkdir(busy)
     journal = Journal(fs, busy, 0, size)
     journal.append([(0, 0, 1, b"abc")])  # its roll made the first segment
+    fs.fsyncs.clear()
     journal.ensure_spare()
     spare = segment_file(busy, size)
-    assert fs.datasyncs == [segment_file(busy, 0)] + [spare + UNFINISHED_SUFFIX] * 4
-    assert len(pauses) == 4  # 3 MiB and the rest
+    assert fs.fsyncs == [spare + UNFINISHED_SUFFIX] * 4  # 3 MiB synced, then the whole
+    assert len(pauses) == 3
     assert all(0 < pause <= fileops.PACE_MAX_S for pause in pauses)
     assert os.path.getsize(spare) == size and read_bytes(spare) == bytes(size)
     assert sorted(os.listdir(busy)) == [os.path.basename(p) for p in (segment_file(busy, 0), spare)]
+
+
+def test_a_hurried_journal_makes_the_rest_of_its_paced_segment_at_full_speed(
+    directory: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The daemon stops while the next segment is being made: its last checkpoint waits
+    # for the thread that makes it, so the rest is written without pauses.
+    size = 3 * 1024 * 1024 + 100
+    fs = SyncCountingFileOps()
+    journal = Journal(fs, directory, 0, size)
+    journal.append([(0, 0, 1, b"abc")])
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:
+        pauses.append(seconds)
+        journal.hurry()  # as GroupCommitter.close does, during the first pause
+
+    monkeypatch.setattr(fileops, "_pause", pause)
+    fs.fsyncs.clear()
+    journal.ensure_spare()
+    spare = segment_file(directory, size)
+    assert len(pauses) == 1
+    assert fs.fsyncs == [spare + UNFINISHED_SUFFIX] * 2  # the first MiB, then the whole
+    assert read_bytes(spare) == bytes(size)
 
 
 def test_a_roll_never_waits_for_the_paced_segment_and_takes_the_one_it_made(
@@ -296,7 +324,8 @@ def test_a_roll_never_waits_for_the_paced_segment_and_takes_the_one_it_made(
     # The checkpoint thread makes the next segment, paced; the writes reach its base
     # meanwhile: the roll makes it at once itself, and the paced one is thrown away
     # rather than renamed over a segment that holds records.
-    journal = Journal(FS, directory, 0, SEGMENT)
+    size = 1024 * 1024 + SEGMENT  # two chunks: a pause between them
+    journal = Journal(FS, directory, 0, size)
     write(journal, 1)  # records are written: the next segment is paced
     paused, go_on = threading.Event(), threading.Event()
 
@@ -323,7 +352,7 @@ def test_a_roll_never_waits_for_the_paced_segment_and_takes_the_one_it_made(
     try:
         assert paused.wait(60)
         # Past the first segment, into the one the roll makes, while the maker pauses.
-        writer = run(lambda: lsns.extend(write(journal, 60)))
+        writer = run(lambda: lsns.extend(write(journal, 30, size=size // 20)))
         writer.join(60)
         assert not writer.is_alive(), "the roll waited for the paced segment"
     finally:
@@ -332,8 +361,8 @@ def test_a_roll_never_waits_for_the_paced_segment_and_takes_the_one_it_made(
         if writer is not None:
             writer.join()
     assert failures == []
-    assert journal.end_lsn > SEGMENT
-    assert [r.lsn for r in scan_journal(FS, directory, 0).records][-60:] == lsns
+    assert journal.end_lsn > size
+    assert [r.lsn for r in scan_journal(FS, directory, 0).records][-30:] == lsns
     assert not [n for n in os.listdir(directory) if n.endswith(UNFINISHED_SUFFIX)]
 
 
