@@ -95,10 +95,10 @@ PARTITIONS_DIR = "partitions"
 
 # A checkpoint's pace (fileops.pace): after each partition's fdatasync its thread waits
 # this many times as long as the sync took (at most fileops.PACE_MAX_S), so that the disk
-# serves the journal's flushes between them. Each such sync also commits the file's new size (the
-# file system's journal) and competes with the commit cycles' fdatasync; fifty back to
-# back held the cycles up for 20-180 ms on the README's machine, and the writes behind
-# them queued for that long. Paced, single writes over the Kafka listener at 13,000/s
+# serves the journal's flushes between them. Each such sync also commits the file's new
+# size (the file system's journal) and competes with the commit cycles' fdatasync; fifty
+# back to back held the cycles up for 20-180 ms on the README's machine, and the writes
+# behind them queued for that long. Paced, single writes over the Kafka listener at 13,000/s
 # with a checkpoint every second: p99 2.95-4.21 against 4.49-5.34 ms (5 pairs). The
 # close's last checkpoint is not paced.
 CHECKPOINT_SPREAD = 2.0
