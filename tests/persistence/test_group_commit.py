@@ -459,6 +459,7 @@ async def test_a_paced_checkpoint_pauses_after_each_partition_sync_as_long_as_sp
     log = await opened(data_dir, SlowSyncFileOps(), num_partitions=3)
     committer = GroupCommitter(log, checkpoint_bytes=1 << 30)  # no checkpoint but ours
     committer.start()
+    await committer.prepared()  # the journal's segments made: no pause but the checkpoint's
     for p in range(3):
         await append_and_wait(committer, log, p, 2)
     pauses: list[float] = []
