@@ -499,6 +499,7 @@ class PartitionLog:
         The file is synced through a second descriptor, so commits go on meanwhile."""
         with self._lock:
             self._check_mutable()
+            generation = self._generation
             active = self._segments[-1]
             position = (
                 active.base_offset,
@@ -512,6 +513,14 @@ class PartitionLog:
         finally:
             self._fs.close(fd)
         with self._lock:
+            if self._generation != generation or self._failure is not None:
+                # It failed, or a reset cut its files back, while the sync ran: what the
+                # sync covered may be gone, and a checkpoint that counted it would let the
+                # journal's copy go (and the next reset would cut "back" to a size the
+                # file no longer has, extending it with zeros).
+                raise PartitionFailedError(
+                    self.partition, self._failure or LogError("reset during a checkpoint")
+                )
             if position[:2] > self._synced[:2]:
                 self._synced = position
             return self._synced
