@@ -452,22 +452,6 @@ class SlowSyncFileOps(FaultInjectingFileOps):
         super().fdatasync(fd)
 
 
-class HeldSyncFileOps(FaultInjectingFileOps):
-    """Holds a partition file's fdatasync, once armed, until released."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.armed = False
-        self.entered, self.release = threading.Event(), threading.Event()
-
-    def fdatasync(self, fd: int) -> None:
-        if self.armed and self.path_of(fd).endswith(".log"):
-            self.armed = False
-            self.entered.set()
-            assert self.release.wait(60)
-        super().fdatasync(fd)
-
-
 async def test_a_partition_that_fails_during_its_checkpoint_sync_is_not_counted_synced(
     data_dir: str,
 ) -> None:
@@ -476,7 +460,8 @@ async def test_a_partition_that_fails_during_its_checkpoint_sync_is_not_counted_
     # file (seen in the suite: a reset cut a file to 0 bytes, the sync's late result
     # set its synced size back to 974, and the next reset "cut" the file up to that
     # size: 974 bytes of zeros where acknowledged records were).
-    fs = HeldSyncFileOps()
+    fs = GatedFileOps()
+    fs.gated = False  # until the checkpoint's sync
     log = await opened(data_dir, fs, num_partitions=2)
     committer = GroupCommitter(log, checkpoint_bytes=1 << 30)  # no checkpoint but ours
     committer.start()
@@ -484,13 +469,13 @@ async def test_a_partition_that_fails_during_its_checkpoint_sync_is_not_counted_
     await append_and_wait(committer, log, 0, 3)
     part = log.partition(0)
     synced_before, entry_before = part.synced, log.checkpoint.partitions.get(0)
-    fs.armed = True
+    fs.gated = True
     checkpoint = asyncio.create_task(
         asyncio.to_thread(log.take_checkpoint, log.journal.end_lsn, {0})
     )
-    assert await asyncio.to_thread(fs.entered.wait, 60)
+    assert (await fs.next_fdatasync()).endswith(".log")  # partition 0's, held
     part.fail(OSError(errno.EIO, "a write failed meanwhile"))
-    fs.release.set()
+    fs.ungate()
     await checkpoint
     assert part.synced == synced_before
     assert log.checkpoint.partitions.get(0) == entry_before

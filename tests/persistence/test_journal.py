@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
-from persistence import LogError, fileops
+from persistence import FaultInjectingFileOps, LogError, fileops
 from persistence.fileops import FileOps
 from persistence.journal import (
     RECORD_HEAD,
@@ -245,22 +245,20 @@ def test_no_record_follows_a_failed_one_until_it_is_erased(directory: str) -> No
     assert [r.lsn for r in scan_journal(FS, directory, 0).records] == [*good, after]
 
 
-class SyncCountingFileOps(FileOps):
+class SyncCountingFileOps(FaultInjectingFileOps):
     """Counts the files opened and each file's fsyncs."""
 
     def __init__(self) -> None:
-        self.paths: dict[int, str] = {}
+        super().__init__()
         self.opened: list[str] = []
         self.fsyncs: list[str] = []
 
     def open(self, path: str, flags: int, mode: int = 0o644) -> int:
-        fd = super().open(path, flags, mode)
-        self.paths[fd] = path
         self.opened.append(path)
-        return fd
+        return super().open(path, flags, mode)
 
     def fsync(self, fd: int) -> None:
-        self.fsyncs.append(self.paths[fd])
+        self.fsyncs.append(self.path_of(fd))
         super().fsync(fd)
 
 
