@@ -445,16 +445,16 @@ def frame_checksum(frames: bytes, start: int) -> int:
 
 def create_segment(fs: FileOps, directory: str, base: int, size: int) -> None:
     """A new segment of ``size`` zero bytes, durable with its directory entry."""
-    _write_zeros(fs, segment_file(directory, base), size, 0.0)
+    _write_zeros(fs, segment_file(directory, base), size)
     fs.fsync_dir(directory)
 
 
 def _write_zeros(
-    fs: FileOps, path: str, size: int, spread: float, hurry: threading.Event | None = None
+    fs: FileOps, path: str, size: int, paced_until: threading.Event | None = None
 ) -> None:
-    """A new file of ``size`` zero bytes, fsynced; with ``spread``, synced a chunk at a
-    time, each followed by its pause, until ``hurry`` is set. A failure leaves no file
-    behind."""
+    """A new file of ``size`` zero bytes, fsynced; with ``paced_until``, synced a chunk
+    at a time, each followed by its pause (SEGMENT_SPREAD), until that is set. A
+    failure leaves no file behind."""
     fd = fs.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
     try:
         left = size
@@ -463,9 +463,9 @@ def _write_zeros(
             chunk = _ZERO_CHUNK if left >= len(_ZERO_CHUNK) else _ZERO_CHUNK[:left]
             fs.write_all(fd, chunk)
             left -= len(chunk)
-            if spread > 0 and left > 0 and not (hurry is not None and hurry.is_set()):
+            if left > 0 and paced_until is not None and not paced_until.is_set():
                 fs.fsync(fd)  # (the file grew: fdatasync would commit its size all the same)
-                pace(began, spread)
+                pace(began, SEGMENT_SPREAD)
         fs.fsync(fd)
     except BaseException:
         fs.close(fd)
@@ -575,7 +575,7 @@ class Journal:
         unfinished = path + UNFINISHED_SUFFIX
         if self._fs.exists(unfinished):
             self._fs.unlink(unfinished)  # an earlier try's, which failed to remove it
-        _write_zeros(self._fs, unfinished, self.segment_bytes, SEGMENT_SPREAD, self._hurry)
+        _write_zeros(self._fs, unfinished, self.segment_bytes, paced_until=self._hurry)
         with self._segments_lock:
             if self._fs.exists(path):
                 self._fs.unlink(unfinished)  # a roll made it meanwhile
