@@ -70,7 +70,7 @@ from persistence.segments import segment_name
 from persistence.staging import SegmentFingerprint
 from protocol.records import RecordDecodeError, RecordDecoder
 from spark_jobs.columns import DecodedValues, Value, decode_values
-from spark_jobs.fold import encode_frames, fold_records
+from spark_jobs.fold import collector_paused, encode_frames, fold_records
 from spark_jobs.history import SegmentRecords, export_segment
 from spark_jobs.preflight import anything_to_compact
 from spark_jobs.sealed import RawRecord, iter_sealed_segments
@@ -127,6 +127,7 @@ class CommitResult:
 # -- one partition (runs in an executor) -----------------------------------------------
 
 
+@collector_paused
 def compact_partition(
     data_dir: str, partition: int, tombstone_cutoff_ms: int, history_root: str | None = None
 ) -> PartitionCompaction:

@@ -40,7 +40,7 @@ from persistence.postgres.connection import unavailable
 from persistence.postgres.schema import declare_history
 from persistence.postgres.store import delete_bare_keys
 from protocol.records import SNAPSHOT_RECORD_TYPE, RecordDecodeError
-from spark_jobs.fold import FoldResult, fold_records
+from spark_jobs.fold import FoldResult, collector_paused, fold_records
 from spark_jobs.pgsource import (
     LogBelow,
     connect_to,
@@ -81,6 +81,7 @@ class Refused(Exception):
     """The swap lost a race; nothing was changed."""
 
 
+@collector_paused
 def compact_partition(
     store: StoreRef, partition: int, tombstone_cutoff_ms: int, keep_history: bool
 ) -> PgPartitionCompaction:
