@@ -4,15 +4,19 @@ runs compiled."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from server import native
 from server.commands import cli
+from server.commands import spark as spark_commands
+from spark_jobs import submit
 from tests.compiled import COMPILED_PASS
 
 
@@ -82,3 +86,70 @@ def test_the_compiled_pass_runs_every_module_compiled_from_its_source() -> None:
     if os.environ.get(COMPILED_PASS) == "1":
         assert native.compiled_modules() == list(native.MODULES)
     assert native.stale_build() is None
+
+
+# Run by spark-submit as the job file: where each side imports the merge from.
+PROBE = """\
+from pyspark import SparkContext
+
+from protocol import batches
+
+sc = SparkContext()
+executor = sc.parallelize([0], 1).map(lambda _: batches.__file__)
+print("driver", batches.__file__)
+print("executor", executor.collect()[0])
+sc.stop()
+"""
+
+
+@pytest.mark.spark  # spark-submit, in a subprocess
+def test_a_local_masters_executors_import_the_modules_the_command_runs(tmp_path: Path) -> None:
+    tree = submit.executor_tree("local[1]", spark_commands._compiled_root())
+    command = submit.submit_command("compact", "local[1]", [], str(tmp_path), tree=tree)
+    assert command[-1] == submit.job_file("compact")
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    command[-1] = str(probe)
+    done = subprocess.run(
+        command,
+        env=submit.job_environment("local[1]", tree),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    imported = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    if os.environ.get(COMPILED_PASS) == "1":
+        assert tree == str(native.ROOT)
+        for side in ("driver", "executor"):
+            assert imported[side].startswith(str(native.ROOT / "protocol" / "batches."))
+            assert imported[side].endswith(tuple(importlib.machinery.EXTENSION_SUFFIXES))
+    elif not native.compiled_modules():
+        # No build: the zip of the sources, on both sides.
+        assert tree is None and "--py-files" in command
+        zipped = os.path.join("sharecoord.zip", "protocol", "batches.py")
+        assert imported["driver"] == os.path.join(tmp_path, zipped)
+        assert imported["executor"].endswith(os.sep + zipped)  # Spark's copy of the zip
+
+
+def test_another_master_or_a_stale_build_ships_the_zip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = str(native.ROOT)
+    assert submit.executor_tree("local[2]", root) == root
+    assert submit.executor_tree("spark://m:7077", root) is None
+    assert submit.executor_tree("local[2]", str(tmp_path)) is None  # not where the code is
+    assert "--py-files" not in submit.submit_command(
+        "compact", "local[2]", [], str(tmp_path), tree=root
+    )
+    env = submit.job_environment("local[2]", root)
+    assert env["PYTHONPATH"].split(os.pathsep)[0] == root
+    monkeypatch.setattr(native, "compiled_modules", lambda: ["protocol/batches.py"])
+    monkeypatch.setattr(native, "stale_build", lambda: "compiled modules older than their source")
+    assert spark_commands._compiled_root() is None
+    monkeypatch.setattr(native, "stale_build", lambda: None)
+    assert spark_commands._compiled_root() == root
+    monkeypatch.setattr(native, "compiled_modules", lambda: [])
+    assert spark_commands._compiled_root() is None

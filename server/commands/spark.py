@@ -14,6 +14,7 @@ from typing import Any
 
 from persistence import LogError, read_meta
 from persistence.store_uri import is_postgres_uri, masked
+from server import native
 from server.commands import preflight
 from server.commands.common import add_command, os_error_text, refuse
 from server.config import AUDIT_SETTINGS, COMPACT_SETTINGS, ConfigError, load_settings
@@ -97,7 +98,17 @@ def _submit(job: str, values: dict[str, Any], job_args: list[str]) -> int:
         job_args,
         env_cache=values["spark_env_cache"],
         class_cache=values["spark_class_cache"],
+        compiled_root=_compiled_root(),
     )
+
+
+def _compiled_root() -> str | None:
+    """The checkout whose compiled modules (server/native.py) this command imports, if
+    their build is of the sources as they are: a local master's executors import them
+    too. With a stale build (which `serve` refuses) the executors run the sources."""
+    if not native.compiled_modules() or native.stale_build() is not None:
+        return None
+    return str(native.ROOT)
 
 
 def _compact_on_store(values: dict[str, Any]) -> int:

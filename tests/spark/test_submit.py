@@ -52,6 +52,7 @@ def record_jobs(monkeypatch: pytest.MonkeyPatch) -> list[Submitted]:
         job_args: list[str],
         env_cache: str | None = None,
         class_cache: str | None = None,
+        compiled_root: str | None = None,
     ) -> int:
         runs.append(Submitted(job, master, list(job_args), env_cache, class_cache))
         return 0
