@@ -623,7 +623,7 @@ class PartitionLog:
             return
         try:
             self._cut_back_to(self._durable_base, self._durable_size, sync=False)
-        except OSError as exc:
+        except (OSError, LogCorruptionError) as exc:
             _log.error(
                 "%s: could not cut the failed batch back to the durable end (%r); "
                 "until the reset does, a crash would replay it",
@@ -632,14 +632,24 @@ class PartitionLog:
             )
 
     def _cut_back_to(self, base: int, size: int, *, sync: bool = True) -> None:
+        """Delete the segments after `base` and cut that one to `size` bytes, which a
+        sync or a write covered, so the file holds at least that many. One that holds
+        fewer lost bytes that were there: LogCorruptionError, and nothing is changed
+        (ftruncate would grow it with zeros where records were)."""
         fs = self._fs
-        for segment in self._segments:
-            if segment.base_offset > base:
-                unlink_if_exists(fs, segment.path)
-        if sync:
-            fs.fsync_dir(self.partition_dir)
-        fd = fs.open(segment_path(self.partition_dir, base), os.O_WRONLY)
+        path = segment_path(self.partition_dir, base)
+        fd = fs.open(path, os.O_WRONLY)
         try:
+            held = fs.size(fd)
+            if held < size:
+                raise LogCorruptionError(
+                    path, held, f"the file ends before byte {size}, which it held before"
+                )
+            for segment in self._segments:
+                if segment.base_offset > base:
+                    unlink_if_exists(fs, segment.path)
+            if sync:
+                fs.fsync_dir(self.partition_dir)
             fs.truncate(fd, size)
             if sync:
                 fs.fsync(fd)

@@ -26,6 +26,7 @@ from persistence import (
     FaultInjectingFileOps,
     FileOps,
     GroupCommitter,
+    LogCorruptionError,
     LogRecord,
     PartitionFailedError,
     StateLog,
@@ -41,6 +42,7 @@ from tests.persistence.log_helpers import (
     open_log,
     read_back,
     record_fields,
+    write_records,
 )
 
 
@@ -393,6 +395,54 @@ async def test_reset_to_durable_can_be_retried_when_it_fails(data_dir: str) -> N
     await committer.close()
     await asyncio.to_thread(log.close)
     assert await asyncio.to_thread(read_back, data_dir, 2, num_partitions=3) == kept + more
+
+
+async def test_a_reset_refuses_a_file_shorter_than_its_synced_size_and_grows_nothing(
+    data_dir: str,
+) -> None:
+    # A reset cuts a partition's file back to the size its last checkpoint synced; a
+    # file that holds less lost records, and ftruncate would "cut" it up to that size
+    # with zeros where they were (a bug did so once: 05f9c8f). Refused loudly instead.
+    fs = FaultInjectingFileOps()
+    log = await opened(data_dir, fs)
+    committer = GroupCommitter(log, checkpoint_bytes=1)  # after every cycle
+    committer.start()
+    await append_and_wait(committer, log, 2, 3)
+    await wait_until(lambda: log.partition(2).synced[1] > 0, "a checkpoint synced partition 2")
+    fs.fail("fdatasync", errno.EIO, path_contains="journal/")
+    (lost,) = append_records(log.partition(2), 1, first=3)
+    with pytest.raises(DurabilityError):
+        await committer.wait_durable(2, lost.offset)
+    fs.clear()
+    path = os.path.join(log.partition(2).partition_dir, f"{0:020d}.log")
+    short = log.partition(2).synced[1] - 10
+    await asyncio.to_thread(os.truncate, path, short)
+    with pytest.raises(LogCorruptionError, match="ends before byte"):
+        await asyncio.to_thread(log.partition(2).reset_to_durable)
+    assert await asyncio.to_thread(os.path.getsize, path) == short
+    await committer.close()
+    await asyncio.to_thread(log.close)
+
+
+def test_without_a_journal_a_reset_refuses_a_file_shorter_than_its_durable_size(
+    data_dir: str,
+) -> None:
+    fs = FaultInjectingFileOps()
+    log = open_log(data_dir, fs=fs)
+    part = log.partition(0)
+    part.open()
+    write_records(part, 3)
+    path = os.path.join(part.partition_dir, f"{0:020d}.log")
+    durable = os.path.getsize(path)
+    fs.fail("fdatasync", errno.EIO)
+    with pytest.raises(OSError, match="injected"):
+        write_records(part, 1, first=3)
+    fs.clear()
+    os.truncate(path, durable - 10)
+    with pytest.raises(LogCorruptionError, match="ends before byte"):
+        part.reset_to_durable()
+    assert os.path.getsize(path) == durable - 10
+    log.close()
 
 
 async def test_close_commits_appends_nobody_waited_for(data_dir: str) -> None:
