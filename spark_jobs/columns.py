@@ -22,11 +22,13 @@ keep the names they were first written with.
 
 from __future__ import annotations
 
+import functools
+import gc
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from operator import attrgetter, itemgetter
 from types import GenericAlias
-from typing import Any, TypeAlias
+from typing import Any, ParamSpec, TypeAlias, TypeVar
 
 import msgspec
 import numpy as np
@@ -112,6 +114,37 @@ _decode_snapshots = msgspec.msgpack.Decoder(GenericAlias(list, (SnapshotValue,))
 _split_raw = msgspec.msgpack.Decoder(list[msgspec.Raw]).decode
 _BATCHES = attrgetter(STATE_BATCHES.name)
 _TYPE = itemgetter(2)  # a RawRecord's record type
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def collector_paused(task: Callable[_P, _R]) -> Callable[_P, _R]:
+    """`task` (bulk work in an executor: one partition's compaction, a chunk of data
+    source rows) run with Python's cyclic garbage collector off. Such work holds many
+    records alive (a tuple and its bytes each) while it makes about as many objects
+    again (decoded values, their lists, the fold's per-key state); the collections
+    those allocations set off walk them all, again and again, and find nothing: none
+    of it forms cycles, and reference counting frees it when the task returns. On the
+    bench's 10M-record log, in one process: four partitions' compaction 0.85-0.88x the
+    time (3 interleaved pairs), the fold alone 0.82x (what the PostgreSQL store's task
+    runs after its read), the whole job on local[2] 0.86x; reading its segments into
+    data source rows 0.76-0.92x (3 interleaved pairs). The collector is on again
+    after, if it was on before.
+    """
+
+    @functools.wraps(task)
+    def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        if not gc.isenabled():
+            return task(*args, **kwargs)
+        gc.disable()
+        try:
+            return task(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return paused
 
 
 class DecodedValues:

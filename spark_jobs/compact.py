@@ -69,8 +69,8 @@ from persistence.history import (
 from persistence.segments import segment_name
 from persistence.staging import SegmentFingerprint
 from protocol.records import RecordDecodeError, RecordDecoder
-from spark_jobs.columns import DecodedValues, Value, decode_values
-from spark_jobs.fold import collector_paused, encode_frames, fold_records
+from spark_jobs.columns import DecodedValues, Value, collector_paused, decode_values
+from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.history import SegmentRecords, export_segment
 from spark_jobs.preflight import anything_to_compact
 from spark_jobs.sealed import RawRecord, iter_sealed_segments

@@ -47,11 +47,9 @@ A tombstone clears everything a key had (docs/semantics.md §4), so nothing befo
 
 from __future__ import annotations
 
-import functools
-import gc
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 from persistence.frame import encode_frame
 from protocol.key_state import ShareGroupOffset
@@ -67,35 +65,6 @@ from protocol.records import (
 from protocol.replay import snapshot_fences, update_leader_fence
 from spark_jobs.columns import Value, decode_values
 from spark_jobs.sealed import RawRecord
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def collector_paused(task: Callable[_P, _R]) -> Callable[_P, _R]:
-    """`task` (one partition's compaction, in an executor) run with Python's cyclic
-    garbage collector off. Such a task holds the partition's records alive (a tuple
-    and its bytes each) while it makes about as many objects again (decoded values,
-    their lists, the fold's per-key state); the collections those allocations set off
-    walk them all, again and again, and find nothing: none of it forms cycles, and
-    reference counting frees it when the task returns. On the bench's 10M-record log,
-    in one process: four partitions' compaction 0.85-0.88x the time (3 interleaved
-    pairs), the fold alone 0.82x (what the PostgreSQL store's task runs after its
-    read); the whole job on local[2], 0.86x. The collector is on again after, if it
-    was on before.
-    """
-
-    @functools.wraps(task)
-    def paused(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        if not gc.isenabled():
-            return task(*args, **kwargs)
-        gc.disable()
-        try:
-            return task(*args, **kwargs)
-        finally:
-            gc.enable()
-
-    return paused
 
 
 @dataclass

@@ -37,7 +37,7 @@ from persistence.history import (
 )
 from persistence.segments import SegmentInfo, read_newest_open
 from protocol.records import RecordDecoder
-from spark_jobs.columns import decode_values, record_batch
+from spark_jobs.columns import collector_paused, decode_values, record_batch
 from spark_jobs.history import read_export
 from spark_jobs.sealed import RawRecord, read_sealed_segment
 
@@ -140,8 +140,12 @@ def to_batches(records: Sequence[RawRecord], partition: int) -> Iterator[pa.Reco
     """Records as data source rows, BATCH_ROWS at a time."""
     decoder = RecordDecoder()
     for start in range(0, len(records), BATCH_ROWS):
-        chunk = records[start : start + BATCH_ROWS]
-        yield record_batch(chunk, decode_values(chunk), decoder, partition)
+        yield _rows(records[start : start + BATCH_ROWS], decoder, partition)
+
+
+@collector_paused
+def _rows(chunk: Sequence[RawRecord], decoder: RecordDecoder, partition: int) -> pa.RecordBatch:
+    return record_batch(chunk, decode_values(chunk), decoder, partition)
 
 
 # -- pieces (a query) --------------------------------------------------------------------

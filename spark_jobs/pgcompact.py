@@ -40,7 +40,8 @@ from persistence.postgres.connection import unavailable
 from persistence.postgres.schema import declare_history
 from persistence.postgres.store import delete_bare_keys
 from protocol.records import SNAPSHOT_RECORD_TYPE, RecordDecodeError
-from spark_jobs.fold import FoldResult, collector_paused, fold_records
+from spark_jobs.columns import collector_paused
+from spark_jobs.fold import FoldResult, fold_records
 from spark_jobs.pgsource import (
     LogBelow,
     connect_to,

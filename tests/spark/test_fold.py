@@ -17,6 +17,7 @@ from persistence import decode_frame
 from protocol.batches import combine_state_batches
 from protocol.messages import AdminState
 from protocol.records import (
+    SNAPSHOT_RECORD_TYPE,
     RecordDecodeError,
     RecordDecoder,
     ShareKey,
@@ -27,8 +28,9 @@ from protocol.records import (
 )
 from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
 from protocol.state_batch import StateBatch
-from spark_jobs import compact, pgcompact
-from spark_jobs.fold import collector_paused, encode_frames, fold_records
+from spark_jobs import compact, logsource, pgcompact
+from spark_jobs.columns import collector_paused
+from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.sealed import RawRecord
 from spark_jobs.storeref import StoreRef
 from tests.protocol.batch_shapes import SHAPES
@@ -349,7 +351,7 @@ def test_a_partitions_compaction_runs_without_the_cyclic_collector_and_puts_it_b
     assert task.__name__ == "task"  # pickled by name where the module is importable
 
 
-def test_both_stores_compaction_tasks_run_with_the_collector_paused(
+def test_compaction_tasks_and_data_source_rows_run_with_the_collector_paused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     seen = []
@@ -360,7 +362,10 @@ def test_both_stores_compaction_tasks_run_with_the_collector_paused(
 
     monkeypatch.setattr(compact, "_compact", work)
     monkeypatch.setattr(pgcompact, "read_log_below_end", work)
+    monkeypatch.setattr(logsource, "record_batch", work)
     assert compact.compact_partition("data", 0, 0).status == "failed"
     assert pgcompact.compact_partition(StoreRef("postgresql:///x"), 0, 0, True).status == "failed"
-    assert seen == [False, False]
+    with pytest.raises(ValueError, match="stop here"):  # the data source's rows
+        next(logsource.to_batches([(0, 0, SNAPSHOT_RECORD_TYPE, b"k", None)], 0))
+    assert seen == [False, False, False]
     assert gc.isenabled()
