@@ -2,8 +2,8 @@
 
 The runner ships the project's pure code (the packages protocol, persistence and
 spark_jobs) as a zip with `--py-files` (a local master's executors import a compiled
-checkout itself instead: ``executor_tree``), runs the `spark-submit` that pyspark ships with
-`--master` (default `local[*]`) and the job module's file, and streams the job's output:
+checkout itself instead: ``executor_tree``), runs the `spark-submit` that pyspark ships
+with `--master` (default `local[*]`) and the job module's file, and streams the job's output:
 job descriptions, a line per stage, the outcome and the summary line (the job prints
 them; the JVM's own log is kept at WARN and its console progress bar is off).
 
@@ -235,8 +235,8 @@ def executor_tree(master: str, compiled_root: str | None) -> str | None:
     is found there. The zip holds sources alone (Python imports no extension module
     from a zip); a compaction whose executors run the frame walk and the merge compiled
     took 0.83-0.91x the time (the bench's 10M records on local[2], 3 interleaved pairs,
-    2026-11-28). Another
-    master's executors get the zip as ever: their machines need not hold the build."""
+    2026-11-28). Another master's executors get the zip as ever: their machines need
+    not hold the build."""
     if compiled_root is None or not master.startswith("local"):
         return None
     root = os.path.abspath(compiled_root)
