@@ -4,15 +4,26 @@ and the history's files read as they were first written."""
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
+from typing import NoReturn
 
+import pytest
 from hypothesis import given, settings
 
 from persistence.history import read_exports
-from protocol.records import FIELDS, RecordDecoder, record_row
-from spark_jobs.columns import HISTORY_SCHEMA, SOURCE_SCHEMA, decode_values, record_batch
+from protocol.records import FIELDS, SNAPSHOT_RECORD_TYPE, RecordDecoder, record_row
+from spark_jobs import compact, logsource, pgcompact
+from spark_jobs.columns import (
+    HISTORY_SCHEMA,
+    SOURCE_SCHEMA,
+    collector_paused,
+    decode_values,
+    record_batch,
+)
 from spark_jobs.history import read_export
 from spark_jobs.sealed import RawRecord
+from spark_jobs.storeref import StoreRef
 from tests.spark.histories import decoded, hand_made_records
 
 # A history export written before the data source's columns took the records' names
@@ -70,3 +81,49 @@ def test_a_history_file_written_before_the_rename_reads_with_the_records_names()
     assert [len(row["state_batches"] or []) for row in rows] == [1, 2, 0]
     assert (rows[0]["fence_leader_epoch"], rows[0]["fence_state_epoch"]) == (5, None)
     assert rows[1]["delivery_complete_count"] == 3
+
+
+def test_a_partitions_compaction_runs_without_the_cyclic_collector_and_puts_it_back() -> None:
+    seen = []
+
+    @collector_paused
+    def task(fail: bool) -> str:
+        seen.append(gc.isenabled())
+        if fail:
+            raise ValueError("the task failed")
+        return "done"
+
+    assert gc.isenabled()
+    assert task(False) == "done"
+    assert gc.isenabled()
+    with pytest.raises(ValueError, match="the task failed"):
+        task(True)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        task(False)
+        assert not gc.isenabled()  # off before: left off
+    finally:
+        gc.enable()
+    assert seen == [False, False, False]
+    assert task.__name__ == "task"  # pickled by name where the module is importable
+
+
+def test_compaction_tasks_and_data_source_rows_run_with_the_collector_paused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen = []
+
+    def work(*_: object) -> NoReturn:
+        seen.append(gc.isenabled())
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(compact, "_compact", work)
+    monkeypatch.setattr(pgcompact, "read_log_below_end", work)
+    monkeypatch.setattr(logsource, "record_batch", work)
+    assert compact.compact_partition("data", 0, 0).status == "failed"
+    assert pgcompact.compact_partition(StoreRef("postgresql:///x"), 0, 0, True).status == "failed"
+    with pytest.raises(ValueError, match="stop here"):  # the data source's rows
+        next(logsource.to_batches([(0, 0, SNAPSHOT_RECORD_TYPE, b"k", None)], 0))
+    assert seen == [False, False, False]
+    assert gc.isenabled()

@@ -3,9 +3,7 @@ log replays to, for logs the daemon writes and for any hand-made sequence of rec
 
 from __future__ import annotations
 
-import gc
 from collections import defaultdict
-from typing import NoReturn
 
 import msgpack
 import pytest
@@ -17,7 +15,6 @@ from persistence import decode_frame
 from protocol.batches import combine_state_batches
 from protocol.messages import AdminState
 from protocol.records import (
-    SNAPSHOT_RECORD_TYPE,
     RecordDecodeError,
     RecordDecoder,
     ShareKey,
@@ -28,11 +25,8 @@ from protocol.records import (
 )
 from protocol.replay import DEFAULT_RECORDS_PER_SNAPSHOT, ShareStateMap
 from protocol.state_batch import StateBatch
-from spark_jobs import compact, logsource, pgcompact
-from spark_jobs.columns import collector_paused
 from spark_jobs.fold import encode_frames, fold_records
 from spark_jobs.sealed import RawRecord
-from spark_jobs.storeref import StoreRef
 from tests.protocol.batch_shapes import SHAPES
 from tests.spark.histories import (
     BASE_TIME_MS,
@@ -323,49 +317,3 @@ def test_folding_updates_of_adversarial_shapes_costs_linear_work(monkeypatch) ->
         assert isinstance(record, ShareSnapshot)
         assert record.state_batches == combine_state_batches(batches, [], -1), name
         assert work and max(work) <= 8 * len(batches) + 64, (name, work)
-
-
-def test_a_partitions_compaction_runs_without_the_cyclic_collector_and_puts_it_back() -> None:
-    seen = []
-
-    @collector_paused
-    def task(fail: bool) -> str:
-        seen.append(gc.isenabled())
-        if fail:
-            raise ValueError("the task failed")
-        return "done"
-
-    assert gc.isenabled()
-    assert task(False) == "done"
-    assert gc.isenabled()
-    with pytest.raises(ValueError, match="the task failed"):
-        task(True)
-    assert gc.isenabled()
-    gc.disable()
-    try:
-        task(False)
-        assert not gc.isenabled()  # off before: left off
-    finally:
-        gc.enable()
-    assert seen == [False, False, False]
-    assert task.__name__ == "task"  # pickled by name where the module is importable
-
-
-def test_compaction_tasks_and_data_source_rows_run_with_the_collector_paused(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    seen = []
-
-    def work(*_: object) -> NoReturn:
-        seen.append(gc.isenabled())
-        raise ValueError("stop here")
-
-    monkeypatch.setattr(compact, "_compact", work)
-    monkeypatch.setattr(pgcompact, "read_log_below_end", work)
-    monkeypatch.setattr(logsource, "record_batch", work)
-    assert compact.compact_partition("data", 0, 0).status == "failed"
-    assert pgcompact.compact_partition(StoreRef("postgresql:///x"), 0, 0, True).status == "failed"
-    with pytest.raises(ValueError, match="stop here"):  # the data source's rows
-        next(logsource.to_batches([(0, 0, SNAPSHOT_RECORD_TYPE, b"k", None)], 0))
-    assert seen == [False, False, False]
-    assert gc.isenabled()
