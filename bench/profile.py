@@ -1,7 +1,7 @@
 """Where the daemon's CPU goes under the bench's write loads (py-spy, sampling).
 
     python -m bench.profile [--repo DIR] [--seconds S] [--label NAME] [--postgres]
-                            [--kafka] [--only LOAD,...]
+                            [--kafka] [--only LOAD,...] [--native]
 
 Starts `sharecoord serve` from DIR (default: this checkout; another checkout profiles
 an older version with the same load), initializes the bench's share-partitions, then
@@ -14,6 +14,10 @@ Writes, per load, the sampled stacks in collapsed form
 them) and the functions with the most samples in their own code and under them
 (``...txt``), and prints the latter. With ``--postgres`` the daemon is a node on the
 PostgreSQL store (a primary with a synchronous standby, as bench/cluster.py runs it).
+With ``--native``, py-spy unwinds C frames too: what the compiled mode's extension
+modules, uvloop and msgpack spend, which Python-only sampling charges to the line that
+called them (py-spy then stops the daemon for each sample, which slows it: read the
+shares, not the rate).
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ def profile(
     postgres: bool = False,
     kafka: bool = False,
     only: frozenset[str] | None = None,
+    native: bool = False,
 ) -> list[Path]:
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="sharecoord-profile-")))
@@ -86,7 +91,7 @@ def profile(
         loads = [*LOADS, KAFKA_LOAD] if kafka else list(LOADS)
         if only is not None:
             loads = [load for load in loads if load[0] in only]
-        return _profile(repo, seconds, label, work, store, loads)
+        return _profile(repo, seconds, label, work, store, loads, native)
 
 
 def _profile(
@@ -96,6 +101,7 @@ def _profile(
     work: Path,
     store: list[str],
     loads: list[tuple[str, str, int, int]],
+    native: bool,
 ) -> list[Path]:
     written = []
     bodies = build_body_files(work / "bodies")
@@ -119,7 +125,9 @@ def _profile(
             stacks = RESULTS / f"profile-{label}-{name}.collapsed"
             spy = subprocess.Popen(
                 [_py_spy(), "record", "--pid", str(daemon), "--duration", str(int(seconds)),
-                 "--rate", "200", "--format", "raw", "--output", str(raw), "--nonblocking"],
+                 "--rate", "200", "--format", "raw", "--output", str(raw),
+                 # py-spy stops the process for a native stack: it cannot do both.
+                 *(["--native"] if native else ["--nonblocking"])],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )  # fmt: skip
             result: LoadResult
@@ -171,13 +179,16 @@ def main() -> None:
         "--kafka", action="store_true", help="single writes over the Kafka listener too"
     )
     parser.add_argument("--only", default=None, help="these loads alone (comma-separated)")
+    parser.add_argument("--native", action="store_true", help="sample C frames too (py-spy)")
     args = parser.parse_args()
     names = {load[0] for load in (*LOADS, KAFKA_LOAD)}
     only = None if args.only is None else frozenset(args.only.split(","))
     if only is not None and not only <= names:
         parser.error(f"--only: unknown loads {sorted(only - names)}; known: {sorted(names)}")
     kafka = args.kafka or (only is not None and KAFKA_LOAD[0] in only)
-    written = profile(args.repo.resolve(), args.seconds, args.label, args.postgres, kafka, only)
+    written = profile(
+        args.repo.resolve(), args.seconds, args.label, args.postgres, kafka, only, args.native
+    )
     for path in written:
         print(path)
 
