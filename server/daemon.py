@@ -254,13 +254,19 @@ async def _serve(
 
 
 # Objects the collector lets accumulate before a young collection (CPython's default is
-# 700). A request leaves almost nothing for the collector (its objects die with their
-# last reference) but keeps a few hundred alive while it runs, so at 700 a young
-# collection ran every ~50 requests (~4% of the CPU of small writes, and a full one
-# every second); at 2,000 one runs every few thousand requests. Garbage in cycles (an
-# error's traceback) waits for at most 2,000 objects: the 100,000 bad requests run
-# stays flat.
-YOUNG_COLLECTION_THRESHOLD = 2_000
+# 700): the net count of tracked objects made and not yet freed. A request leaves
+# almost nothing for the collector (its objects die with their last reference) but keeps
+# its decoded entries and answer alive until its commit is durable, so what counts is
+# what the requests in flight hold together: some 10,000 objects for sixteen 50-entry
+# writes, 16,000 for sixty-four. At 2,000 the young generation was collected ~60 times a
+# second under those writes (5% of the daemon's CPU, walking objects about to be freed);
+# at 20,000, once in a run (bench 2026-11-28: batched writes 1.03-1.06x, single ones
+# 1.00-1.03x, interleaved). A young collection that does run walks at most some 20,000
+# objects (measured: 6 ms at worst). Garbage in cycles (an error's traceback) waits for
+# at most that many objects: under the bad requests of
+# tests/reliability/test_memory_bounded.py the daemon holds ~10 MiB more from their
+# warm-up on (92.7 MiB against 82.8 at 2,000), and grows no more than before after it.
+YOUNG_COLLECTION_THRESHOLD = 20_000
 
 
 def _settle_garbage_collector() -> None:

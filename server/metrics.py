@@ -35,6 +35,8 @@ in ``server.metric_families``.
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
 import logging
 from collections.abc import Callable, Sequence
 from typing import Literal
@@ -202,6 +204,18 @@ class ShareCoordinatorMetrics:
             (),
             LATENCY_BUCKETS,
         )
+        self.gc_collections = self._function(
+            "sharecoord_gc_collections_total",
+            "Collections run by Python's cyclic garbage collector in the daemon's process, "
+            "by generation (0 young, 2 full); each holds the event loop while it walks "
+            "its generation.",
+            ("generation",),
+            kind="counter",
+        )
+        for generation in range(3):
+            self.gc_collections.labels(generation).set_function(
+                functools.partial(_gc_collections, generation)
+            )
         self.http_errors = self._counter(
             "sharecoord_http_error_responses_total",
             "HTTP answers with a 4xx or 5xx status, by status.",
@@ -355,3 +369,8 @@ class ShareCoordinatorMetrics:
 
 def _is(status: Callable[[], str], name: str) -> Callable[[], float]:
     return lambda: 1 if status() == name else 0
+
+
+def _gc_collections(generation: int) -> float:
+    collections: int = gc.get_stats()[generation]["collections"]
+    return collections

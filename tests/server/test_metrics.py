@@ -36,6 +36,7 @@ FAMILIES = {
     "sharecoord_last_pruned_offset": ("gauge", ("partition",)),
     "sharecoord_partition_load_duration_seconds": ("gauge", ("partition",)),
     "sharecoord_event_loop_lag_seconds": ("histogram", ()),
+    "sharecoord_gc_collections_total": ("counter", ("generation",)),
     "sharecoord_http_error_responses_total": ("counter", ("status",)),
     # The Kafka listener's families come after the HTTP ones, which keep their names.
     "sharecoord_kafka_requests_total": ("counter", ("api", "version", "outcome")),
