@@ -226,13 +226,19 @@ def decode_with(decode: Callable[[bytes], Any], declared: type[T], body: bytes, 
     # not UTF-8, and RecursionError for nesting too deep, even in a field nobody reads.
     # Each is explained below, on the error path, in the API's words.
     except (ValueError, RecursionError) as exc:
-        refused = exc
+        # Kept without its traceback, which holds this frame: a frame holding the
+        # exception that holds it is a cycle, and it would keep the body and the parse
+        # below alive until the collector's next young collection.
+        refused = exc.with_traceback(None)
     parsed = reparse_msgpack(body, refused) if fmt is Format.MSGPACK else reparse_json(body)
-    problem = first_problem(parsed.value, declared, marked=parsed.marked)
+    problem = first_problem(parsed.value, declared, marked=parsed.marked) or parsed.not_json
     if problem is not None:
-        raise problem
-    if parsed.not_json is not None:
-        raise parsed.not_json
+        try:
+            raise problem
+        finally:
+            # Not left in this frame, which the problem's traceback holds: the cycle
+            # would keep the body and its parse alive until a collection.
+            del problem, parsed
     # The standard parser took what msgspec's did not, and nothing the schema names is
     # wrong (say, a lone surrogate in a field nobody reads): build it from the parse.
     try:

@@ -51,38 +51,48 @@ async def read_body(request: web.Request, edge: Edge) -> tuple[bytes, Format, Fo
     except web.RequestPayloadError as exc:
         # A body aiohttp could not read (broken chunking): the client's mistake, not a
         # bug (no 500, no trace).
-        error = HTTPError(
-            400,
-            errors.INVALID_REQUEST,
-            f"the request body could not be read: {_one_line(str(exc))}",
-            out,
-        )
-        error.response.force_close()
         # What follows in the connection is never read: say so, or aiohttp's lingering
         # read after the answer trips over the same error and logs it as unhandled.
         request.content.feed_eof()
-        raise error from None
+        raise _closing(
+            HTTPError(
+                400,
+                errors.INVALID_REQUEST,
+                f"the request body could not be read: {_one_line(str(exc))}",
+                out,
+            )
+        ) from None
     except ConnectionError:
         # The client closed the connection before its body arrived: nobody is left to
         # answer, and it is no bug either.
         _log.debug("%s %s: the connection closed mid-body", request.method, request.path)
-        error = HTTPError(
-            400, errors.INVALID_REQUEST, "the connection closed before the body arrived", out
-        )
-        error.response.force_close()
-        raise error from None
+        raise _closing(
+            HTTPError(
+                400, errors.INVALID_REQUEST, "the connection closed before the body arrived", out
+            )
+        ) from None
     except asyncio.TimeoutError:  # not yet the builtin TimeoutError on Python 3.10
-        error = HTTPError(
-            408,
-            errors.INVALID_REQUEST,
-            f"the request body did not arrive within {timeout:g} seconds (--request-timeout-s)",
-            out,
-        )
-        error.response.force_close()  # what is left of the body is never read
-        # Nor waited for: aiohttp would linger up to 10 s more reading it.
+        # What is left of the body is never read, nor waited for: aiohttp would linger
+        # up to 10 s more reading it.
         request.content.feed_eof()
-        raise error from None
+        raise _closing(
+            HTTPError(
+                408,
+                errors.INVALID_REQUEST,
+                f"the request body did not arrive within {timeout:g} seconds "
+                "(--request-timeout-s)",
+                out,
+            )
+        ) from None
     return body, fmt, out
+
+
+def _closing(error: HTTPError) -> HTTPError:
+    """``error``, its answer closing the connection. Made here and raised at once by the
+    caller: an exception kept in a local of the frame that raises it is a cycle (its
+    traceback holds the frame), which keeps the request alive until a collection."""
+    error.response.force_close()
+    return error
 
 
 async def _read_the_rest(request: web.Request, edge: Edge, timeout: float) -> bytes:

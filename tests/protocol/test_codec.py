@@ -4,6 +4,7 @@ test per rule."""
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import pickle
 from collections.abc import Callable
@@ -1707,3 +1708,32 @@ def test_nesting_too_deep_in_an_unknown_field_is_a_body_error_or_ignored(fmt: Fo
     else:
         raw = b'{"group_id": "g", "topics": [], "extra": ' + b"[" * depth + b"]" * depth + b"}"
     only_body_errors(partial(decode_request, Rpc.DELETE), raw, fmt)
+
+
+@pytest.mark.parametrize(
+    ("raw", "fmt"),
+    [
+        # Ill-typed: the walk of the parse finds the problem.
+        (msgpack.packb({"group_id": 7, "topics": []}), MSGPACK),
+        (b'{"group_id": 7, "topics": []}', JSON),
+        # Well-typed but not JSON (a raw control character in a string).
+        (b'{"group_id": "g\x01", "topics": []}', JSON),
+        # Not JSON at all.
+        (b'{"group_id": ', JSON),
+    ],
+    ids=["msgpack-ill-typed", "json-ill-typed", "json-raw-control", "json-cut"],
+)
+def test_a_refused_body_leaves_no_garbage_cycle(raw: bytes, fmt: Format) -> None:
+    """A refusal is freed by reference counting, with the body and its parse: a cycle
+    (the exception in a local of the frame its traceback holds) would wait for the
+    collector, and under a flood of bad bodies so would the memory they hold."""
+    with pytest.raises(BodyError):  # the first refusal fills the caches of the walk
+        decode_request(Rpc.WRITE, raw, fmt)
+    gc.collect()
+    gc.disable()
+    try:
+        with pytest.raises(BodyError):
+            decode_request(Rpc.WRITE, raw, fmt)
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
