@@ -225,6 +225,36 @@ async def test_pipelined_requests_are_answered_in_order(kafka):
         await client.close()
 
 
+async def test_small_and_large_answers_of_one_connection_keep_request_order(kafka):
+    """Pipelined requests whose answers differ in size by a hundred times (a read of a
+    key with 2,000 batches between small writes and summaries): the answers arrive
+    whole and in request order."""
+    client = await connect(kafka)
+    g = "sizes"
+    try:
+        await client.rpc("initialize", body(g, (TOPIC, [init_entry(p) for p in range(4)])))
+        many = [batch(2 * i, 2 * i, i % 3, 1 + i % 4) for i in range(2_000)]
+        written = await client.rpc("write", body(g, (TOPIC, [write_entry(0, *many)])))
+        assert written["results"][0]["partitions"][0]["error_code"] == 0
+        requests = []
+        for i in range(30):
+            requests.append(share_request("read", body(g, (TOPIC, [read_entry(0)]))))
+            requests.append(share_request("read-summary", body(g, (TOPIC, [part(1 + i % 3)]))))
+            requests.append(share_request("write", body(g, (TOPIC, [write_entry(2, batch(i, i))]))))
+        frames = [client.frame(r) for r in requests]
+        assert len(client.frame(requests[0])[0]) < 100  # a small request, a large answer
+        client.writer.write(b"".join(data for data, _ in frames))
+        sizes = []
+        for request, (_, correlation_id) in zip(requests, frames, strict=True):
+            data = await client.read_frame()
+            sizes.append(len(data))
+            client.decode(request, data, correlation_id)  # asserts the correlation id
+        assert min(sizes[0::3]) > 16 * 1024
+        assert max(sizes[1::3] + sizes[2::3]) < 1024
+    finally:
+        await client.close()
+
+
 async def test_api_versions_every_version_and_one_too_new(kafka):
     client = await connect(kafka)
     try:
