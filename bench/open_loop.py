@@ -63,6 +63,9 @@ class OpenLoopResult:
     sent: int = 0  # every request sent, the warm-up's included
     server_cpu: float | None = None  # share of one core over the counted seconds
     writes_per_fsync: float | None = None  # sharecoord's: sent / its commit cycles
+    # sharecoord's: the share of its commit cycles whose journal write and flush took
+    # over 1 ms (the disk's slow spells, in the same run as the latencies they explain)
+    slow_flushes: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -275,19 +278,20 @@ def main() -> None:
 def run_open_loop(
     name: str, protocol: str, port: int, requests: Path, *, rate: float, duration_s: float,
     load_share: float, server_pid: int | None = None,
-    commits: Callable[[], float] | None = None,
+    commits: Callable[[], tuple[int, int]] | None = None,
 ) -> OpenLoopResult:  # fmt: skip
     """One open-loop run of ``rate`` requests/s for ``duration_s`` (after the warm-up),
     the generator pinned to its CPU. With ``server_pid``, the server's CPU share over
-    the counted seconds; with ``commits`` (the server's count of commit cycles so far),
-    the requests sent per cycle over the whole run."""
+    the counted seconds; with ``commits`` (the server's count of commit cycles so far,
+    and of those whose journal flush was slow: ``bench.__main__.commit_counts``), the
+    requests sent per cycle and the share of slow flushes over the whole run."""
     watch = ["--server-pid", str(server_pid)] if server_pid is not None else []
     argv = pinned(
         generator_cpus(),
         [sys.executable, "-m", "bench.open_loop", *watch, protocol, "127.0.0.1", str(port),
          str(requests), f"{rate:.1f}", f"{duration_s:g}"],
     )  # fmt: skip
-    cycles_before = commits() if commits is not None else 0.0
+    cycles_before, slow_before = commits() if commits is not None else (0, 0)
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
@@ -298,8 +302,10 @@ def run_open_loop(
         raise RuntimeError(f"bench.open_loop failed ({done.returncode}):\n{done.stderr}")
     found = json.loads(done.stdout)
     if commits is not None:
-        cycles = commits() - cycles_before
+        cycles_after, slow_after = commits()
+        cycles = cycles_after - cycles_before
         found["writes_per_fsync"] = found["sent"] / cycles if cycles > 0 else None
+        found["slow_flushes"] = (slow_after - slow_before) / cycles if cycles > 0 else None
     return OpenLoopResult(name=name, protocol=protocol, load_share=load_share, **found)
 
 

@@ -1,7 +1,8 @@
 """bench/open_loop.py: it reads whole answers out of the byte stream, and it sends what
 its schedule says, counting each request once; the server's CPU share it reports is the
-CPU over the wall time it measured; the report prints both. Counted, never
-timed."""
+CPU over the wall time it measured; the report prints both, and the share of the
+daemon's commit cycles whose journal flush was slow, read from its metrics. Counted,
+never timed."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import time
 from pathlib import Path
 
 from bench import kafka_null, open_loop, report
+from bench.__main__ import commit_counts_in
 from bench.kafka_load import write_frames
 from bench.system import CpuMeter
 from bench.workload import write_bodies
+from server.metrics import ShareCoordinatorMetrics
+from server.store import cycle_recorder
 
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/msgpack\r\nContent-Length: 3\r\n\r\nabc"
 
@@ -92,11 +96,21 @@ def test_the_report_shows_the_servers_cpu_and_writes_per_fsync_where_measured() 
         "name": "sharecoord", "protocol": "kafka", "load_share": 0.5, "offered_per_s": 12000.0,
         "answered_per_s": 12000.0, "p50_ms": 0.5, "p99_ms": 2.0, "p999_ms": 5.0, "errors": 0,
     }  # fmt: skip
-    measured = {**row, "server_cpu": 0.853, "writes_per_fsync": 3.44}
+    measured = {**row, "server_cpu": 0.853, "writes_per_fsync": 3.44, "slow_flushes": 0.0067}
     lines = report._open_loop_table([measured, {**row, "name": "null server"}])
     same = "| kafka | 50% | 12,000 | 12,000 | 0.50 | 2.00 | 5.00 | 0 |"
-    assert f"| sharecoord {same} 85% | 3.4 |" in lines
-    assert f"| null server {same}  |  |" in lines
+    assert f"| sharecoord {same} 85% | 3.4 | 0.67% |" in lines
+    assert f"| null server {same}  |  |  |" in lines
     assert any(line.startswith("Server CPU is") for line in lines)
     # An older result, which has neither: the table as it was, and no note.
     assert not any(line.startswith("Server CPU is") for line in report._open_loop_table([row]))
+
+
+def test_slow_flushes_are_the_cycles_over_1_ms_in_the_daemons_own_scrape() -> None:
+    metrics = ShareCoordinatorMetrics()
+    record = cycle_recorder(metrics)
+    # le is "at most": a cycle of exactly 1 ms is not slow.
+    for seconds in (0.0004, 0.0009, 0.001, 0.0011, 0.03):
+        record(2, [seconds])
+    assert commit_counts_in(metrics.render()) == (5, 2)
+    assert commit_counts_in(ShareCoordinatorMetrics().render()) == (0, 0)
