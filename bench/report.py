@@ -169,9 +169,10 @@ def _open_loop_table(rows: list[dict[str, Any]]) -> list[str]:
             "sharecoord's commit cycles whose journal write and fdatasync took over 1 ms "
             "as its event loop saw them (sharecoord_fsync_duration_seconds). The disk has "
             "slow spells, tens of milliseconds long, in which each of a flush's device "
-            "requests takes several times its usual time; a write waits for about two "
-            'flushes, so the p99 follows this column from run to run (README, "What '
-            'bounds each figure").',
+            "requests takes several times its usual time, and a write waits for about two "
+            "flushes: those spells reach the p99 (README, \"What bounds each figure\"). "
+            "Near the maximum the column also counts the event loop's own delay in "
+            "hearing that a flush ended.",
         ]
     return lines
 
