@@ -332,12 +332,15 @@ SnapshotValue = _layout("SnapshotValue", VALUE_FIELDS[SNAPSHOT])
 UpdateValue = _layout("UpdateValue", VALUE_FIELDS[UPDATE])
 
 
-def _compile_codec(kind: str) -> dict[str, Any]:
-    """A kind's value codec, compiled from FIELDS: ``value_of(record)``, the tuple the log
-    stores, and ``record_of(key, value)``, the record a decoded value stands for. Written
-    out field by field as the stdlib's namedtuple writes its methods: a loop over the
-    fields at run time cost half as much again per update decoded or encoded (the
-    loading path), measured against this."""
+_BOTH_PARTS = ("value_of", "record_of")
+
+
+def _compile_codec(kind: str, parts: tuple[str, ...] = _BOTH_PARTS) -> dict[str, Any]:
+    """A kind's value codec, compiled from FIELDS (the ``parts`` asked for):
+    ``value_of(record)``, the tuple the log stores, and ``record_of(key, value)``, the
+    record a decoded value stands for. Written out field by field as the stdlib's namedtuple
+    writes its methods: a loop over the fields at run time cost half as much again per
+    update decoded or encoded (the loading path), measured against this."""
     record_class = RECORD_CLASSES[kind]
     batches = FieldType.STATE_BATCHES
     stored = ", ".join(
@@ -348,12 +351,15 @@ def _compile_codec(kind: str) -> dict[str, Any]:
         f"unflatten(value.{f.name})" if f.type is batches else f"value.{f.name}"
         for f in VALUE_FIELDS[kind]
     )
-    source = (
-        f"def value_of(record):\n    return ({stored},)\n"
-        f"def record_of(key, value):\n    return {record_class.__name__}(key, {loaded})\n"
-    )
+    sources = {
+        "value_of": f"def value_of(record):\n    return ({stored},)\n",
+        "record_of": (
+            f"def record_of(key, value):\n    return {record_class.__name__}(key, {loaded})\n"
+        ),
+    }
     namespace = {"flatten": flatten, "unflatten": unflatten, record_class.__name__: record_class}
-    exec(source, namespace)  # the source names nothing but FIELDS' identifiers
+    # The source names nothing but FIELDS' identifiers.
+    exec("".join(sources[part] for part in parts), namespace)
     return namespace
 
 
@@ -473,7 +479,8 @@ def update_from_value(key: ShareKey, value: msgspec.Struct) -> ShareUpdate:
 
 
 _SNAPSHOT_CODEC = _compile_codec(SNAPSHOT)
-_UPDATE_CODEC = _compile_codec(UPDATE)
+# An update's value is written by protocol/update_value.py, which the compiled mode compiles.
+_UPDATE_CODEC = _compile_codec(UPDATE, ("record_of",))
 _snapshot_value_of: Callable[[ShareSnapshot], tuple[Any, ...]] = _SNAPSHOT_CODEC["value_of"]
 _snapshot_of: Callable[[ShareKey, msgspec.Struct], ShareSnapshot] = _SNAPSHOT_CODEC["record_of"]
 _update_of: Callable[[ShareKey, msgspec.Struct], ShareUpdate] = _UPDATE_CODEC["record_of"]
