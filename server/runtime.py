@@ -389,9 +389,7 @@ class PartitionRuntime:
         still hold what that commit lost (the runtime reloads when it hears), and even
         an error answer must not rest on it.
         """
-        failure = self.log.failure
-        if failure is not None:
-            raise PartitionFailedError(self.partition, failure)
+        self._refuse_after_a_failed_commit()
         return self._execute(rpc, key, entry, self.shard.key_state(key))[0]
 
     def execute_now(
@@ -405,13 +403,17 @@ class PartitionRuntime:
         frame and the replay, and the offset comes from the append."""
         if self._held:
             return None
-        failure = self.log.failure
-        if failure is not None:
-            raise PartitionFailedError(self.partition, failure)
+        self._refuse_after_a_failed_commit()
         state = self.shard.key_state(key)
         if _is_long(state, rpc, entry):
             return None
         return self._execute(rpc, key, entry, state)
+
+    def _refuse_after_a_failed_commit(self) -> None:
+        """Raise PartitionFailedError once the log's last commit failed."""
+        failure = self.log.failure
+        if failure is not None:
+            raise PartitionFailedError(self.partition, failure)
 
     def _execute(
         self, rpc: Rpc, key: ShareKey, entry: Any, state: KeyState | None
@@ -480,9 +482,7 @@ class PartitionRuntime:
         the offload thread. The caller holds the partition (``turn``), so the shard does
         not change meanwhile, but for a reload after a failed commit: then this raises
         PartitionFailedError, as ``execute`` does after one."""
-        failure = self.log.failure
-        if failure is not None:
-            raise PartitionFailedError(self.partition, failure)
+        self._refuse_after_a_failed_commit()
         shard = self.shard
 
         def work() -> _Worked:
