@@ -36,7 +36,7 @@ from bench import entry_cost, equal_work, group_commit, peers, report
 from bench.kafka_load import run_kafka_load, write_frames
 from bench.loadgen import LoadResult, run_wrk
 from bench.logs import build_log
-from bench.open_loop import OpenLoopResult, run_open_loop
+from bench.open_loop import CommitCounts, OpenLoopResult, run_open_loop
 from bench.system import (
     describe_machine,
     ensure_debian_packages,
@@ -370,35 +370,15 @@ def _wait_folded(base: str, deadline_s: float = 300) -> float:
     raise TimeoutError(f"{base}: keys still unfolded after {deadline_s}s")
 
 
-# The journal flush the open-loop rows count as slow: the bound of a
-# sharecoord_fsync_duration_seconds bucket.
-SLOW_FLUSH_S = "0.001"
-
-
-def commit_counts(base: str) -> tuple[int, int]:
-    """The daemon's group commit cycles so far, and how many of them took over
-    ``SLOW_FLUSH_S`` to write and flush their journal record (as the event loop saw
-    it), from its metrics."""
+def commit_counts(base: str) -> CommitCounts:
+    """The daemon's commit cycles so far, by how long their journal flush took."""
     with urllib.request.urlopen(base + "/metrics", timeout=30) as response:
-        return commit_counts_in(response.read().decode())
-
-
-def commit_counts_in(metrics: str) -> tuple[int, int]:
-    """``commit_counts`` from the text of a scrape."""
-    cycles = 0
-    flushes: dict[str, int] = {}  # bucket bound -> cycles at most that long
-    for line in metrics.splitlines():
-        if line.startswith("sharecoord_group_commit_partitions_count"):
-            cycles += int(float(line.rsplit(" ", 1)[1]))
-        elif line.startswith("sharecoord_fsync_duration_seconds_bucket"):
-            bound = line.split('le="', 1)[1].split('"', 1)[0]
-            flushes[bound] = int(float(line.rsplit(" ", 1)[1]))
-    return cycles, flushes.get("+Inf", 0) - flushes.get(SLOW_FLUSH_S, 0)
+        return CommitCounts.parse(response.read().decode())
 
 
 def commit_cycles(base: str) -> int:
     """The daemon's group commit cycles so far, from its metrics."""
-    return commit_counts(base)[0]
+    return commit_counts(base).cycles
 
 
 def _check_no_errors(base: str) -> None:

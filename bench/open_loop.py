@@ -46,6 +46,47 @@ from bench.system import CpuMeter, generator_cpus, pinned
 
 WARMUP_S = 1.0
 WRITE_PATH = "/v1/share-group-state/write"
+# A journal flush this slow or slower counts in a row's slow flushes (the bound of a
+# sharecoord_fsync_duration_seconds bucket).
+SLOW_FLUSH_S = 0.001
+
+
+@dataclass(frozen=True)
+class CommitCounts:
+    """A daemon's commit cycles so far (``sharecoord_fsync_duration_seconds``): each
+    bucket's bound in seconds -> the cycles whose journal write and flush took at most
+    that long, as the event loop saw them (+Inf: all of them)."""
+
+    at_most: dict[float, int]
+
+    @classmethod
+    def parse(cls, metrics: str) -> CommitCounts:
+        """From the text of a scrape of the daemon's /metrics."""
+        at_most = {}
+        for line in metrics.splitlines():
+            if line.startswith("sharecoord_fsync_duration_seconds_bucket"):
+                bound = line.split('le="', 1)[1].split('"', 1)[0]
+                at_most[float(bound)] = int(float(line.rsplit(" ", 1)[1]))
+        return cls(at_most)
+
+    @property
+    def cycles(self) -> int:
+        return self.at_most.get(float("inf"), 0)
+
+    def since(self, before: CommitCounts) -> CommitCounts:
+        """The cycles after ``before``."""
+        return CommitCounts({b: n - before.at_most.get(b, 0) for b, n in self.at_most.items()})
+
+    def slow(self) -> int:
+        """Cycles whose flush took over SLOW_FLUSH_S."""
+        return self.cycles - self.at_most.get(SLOW_FLUSH_S, 0)
+
+    def longest_at_most(self) -> float | None:
+        """The smallest bucket bound no cycle's flush passed (inf past the last bound;
+        None without cycles)."""
+        if not self.cycles:
+            return None
+        return min(b for b, n in self.at_most.items() if n == self.cycles)
 
 
 @dataclass
@@ -64,8 +105,10 @@ class OpenLoopResult:
     server_cpu: float | None = None  # share of one core over the counted seconds
     writes_per_fsync: float | None = None  # sharecoord's: sent / its commit cycles
     # sharecoord's: the share of its commit cycles whose journal write and flush took
-    # over 1 ms (the disk's slow spells, in the same run as the latencies they explain)
+    # over 1 ms (the disk's slow spells, in the same run as the latencies they explain),
+    # and the bucket bound the longest of them stayed within, in ms
     slow_flushes: float | None = None
+    longest_flush_ms: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -278,20 +321,20 @@ def main() -> None:
 def run_open_loop(
     name: str, protocol: str, port: int, requests: Path, *, rate: float, duration_s: float,
     load_share: float, server_pid: int | None = None,
-    commits: Callable[[], tuple[int, int]] | None = None,
+    commits: Callable[[], CommitCounts] | None = None,
 ) -> OpenLoopResult:  # fmt: skip
     """One open-loop run of ``rate`` requests/s for ``duration_s`` (after the warm-up),
     the generator pinned to its CPU. With ``server_pid``, the server's CPU share over
-    the counted seconds; with ``commits`` (the server's count of commit cycles so far,
-    and of those whose journal flush was slow: ``bench.__main__.commit_counts``), the
-    requests sent per cycle and the share of slow flushes over the whole run."""
+    the counted seconds; with ``commits`` (the server's commit cycles so far:
+    ``bench.__main__.commit_counts``), the requests sent per cycle, the share of slow
+    flushes and the longest flush over the whole run."""
     watch = ["--server-pid", str(server_pid)] if server_pid is not None else []
     argv = pinned(
         generator_cpus(),
         [sys.executable, "-m", "bench.open_loop", *watch, protocol, "127.0.0.1", str(port),
          str(requests), f"{rate:.1f}", f"{duration_s:g}"],
     )  # fmt: skip
-    cycles_before, slow_before = commits() if commits is not None else (0, 0)
+    before = commits() if commits is not None else None
     env = dict(os.environ)
     repo = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [repo, env.get("PYTHONPATH")]))
@@ -301,11 +344,13 @@ def run_open_loop(
     if done.returncode != 0:
         raise RuntimeError(f"bench.open_loop failed ({done.returncode}):\n{done.stderr}")
     found = json.loads(done.stdout)
-    if commits is not None:
-        cycles_after, slow_after = commits()
-        cycles = cycles_after - cycles_before
-        found["writes_per_fsync"] = found["sent"] / cycles if cycles > 0 else None
-        found["slow_flushes"] = (slow_after - slow_before) / cycles if cycles > 0 else None
+    if commits is not None and before is not None:
+        run = commits().since(before)
+        if run.cycles > 0:
+            longest = run.longest_at_most()
+            found["writes_per_fsync"] = found["sent"] / run.cycles
+            found["slow_flushes"] = run.slow() / run.cycles
+            found["longest_flush_ms"] = None if longest is None else longest * 1000
     return OpenLoopResult(name=name, protocol=protocol, load_share=load_share, **found)
 
 

@@ -150,13 +150,14 @@ def _open_loop_table(rows: list[dict[str, Any]]) -> list[str]:
     ]
     for r in sorted(rows, key=lambda r: (r["protocol"], r["load_share"], r["name"])):
         cpu, per_fsync, slow = r.get("server_cpu"), r.get("writes_per_fsync"), r.get("slow_flushes")
+        longest = r.get("longest_flush_ms")
         lines.append(
             f"| {r['name']} | {r['protocol']} | {r['load_share']:.0%} | "
             f"{_fmt(r['offered_per_s'])} | {_fmt(r['answered_per_s'])} | "
             f"{_fmt(r['p50_ms'], 2)} | {_fmt(r['p99_ms'], 2)} | {_fmt(r['p999_ms'], 2)} | "
             f"{r['errors']} | {'' if cpu is None else f'{cpu:.0%}'} | "
             f"{'' if per_fsync is None else _fmt(per_fsync, 1)} | "
-            f"{'' if slow is None else f'{slow:.2%}'} |"
+            f"{_slow_flushes(slow, longest)} |"
         )
     if any(r.get("server_cpu") is not None for r in rows):
         lines += [
@@ -167,7 +168,8 @@ def _open_loop_table(rows: list[dict[str, Any]]) -> list[str]:
             "fewer writes share one: the load column is a share of the maximum rate, the "
             "CPU column how busy that rate keeps the core. Flushes > 1 ms: the share of "
             "sharecoord's commit cycles whose journal write and fdatasync took over 1 ms "
-            "as its event loop saw them (sharecoord_fsync_duration_seconds). The disk has "
+            "as its event loop saw them (sharecoord_fsync_duration_seconds), and the "
+            "bucket bound the longest one stayed within. The disk has "
             "slow spells, tens of milliseconds long, in which each of a flush's device "
             "requests takes several times its usual time, and a write waits for about two "
             "flushes: those spells reach the p99 (README, \"What bounds each figure\"). "
@@ -175,6 +177,15 @@ def _open_loop_table(rows: list[dict[str, Any]]) -> list[str]:
             "hearing that a flush ended.",
         ]
     return lines
+
+
+def _slow_flushes(share: float | None, longest_ms: float | None) -> str:
+    if share is None:
+        return ""
+    if longest_ms is None:
+        return f"{share:.2%}"
+    bound = "over the last bucket" if longest_ms == float("inf") else f"≤ {longest_ms:g} ms"
+    return f"{share:.2%}, longest {bound}"
 
 
 def chart(results: dict[str, Any], path: Path) -> None:

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 from bench import kafka_null, open_loop, report
-from bench.__main__ import commit_counts_in
 from bench.kafka_load import write_frames
+from bench.open_loop import CommitCounts
 from bench.system import CpuMeter
 from bench.workload import write_bodies
 from server.metrics import ShareCoordinatorMetrics
@@ -96,10 +96,13 @@ def test_the_report_shows_the_servers_cpu_and_writes_per_fsync_where_measured() 
         "name": "sharecoord", "protocol": "kafka", "load_share": 0.5, "offered_per_s": 12000.0,
         "answered_per_s": 12000.0, "p50_ms": 0.5, "p99_ms": 2.0, "p999_ms": 5.0, "errors": 0,
     }  # fmt: skip
-    measured = {**row, "server_cpu": 0.853, "writes_per_fsync": 3.44, "slow_flushes": 0.0067}
+    measured = {
+        **row, "server_cpu": 0.853, "writes_per_fsync": 3.44, "slow_flushes": 0.0067,
+        "longest_flush_ms": 250.0,
+    }  # fmt: skip
     lines = report._open_loop_table([measured, {**row, "name": "null server"}])
     same = "| kafka | 50% | 12,000 | 12,000 | 0.50 | 2.00 | 5.00 | 0 |"
-    assert f"| sharecoord {same} 85% | 3.4 | 0.67% |" in lines
+    assert f"| sharecoord {same} 85% | 3.4 | 0.67%, longest ≤ 250 ms |" in lines
     assert f"| null server {same}  |  |  |" in lines
     assert any(line.startswith("Server CPU is") for line in lines)
     # An older result, which has neither: the table as it was, and no note.
@@ -109,8 +112,14 @@ def test_the_report_shows_the_servers_cpu_and_writes_per_fsync_where_measured() 
 def test_slow_flushes_are_the_cycles_over_1_ms_in_the_daemons_own_scrape() -> None:
     metrics = ShareCoordinatorMetrics()
     record = cycle_recorder(metrics)
+    record(2, [0.03])
+    before = CommitCounts.parse(metrics.render())
     # le is "at most": a cycle of exactly 1 ms is not slow.
-    for seconds in (0.0004, 0.0009, 0.001, 0.0011, 0.03):
+    for seconds in (0.0004, 0.0009, 0.001, 0.0011, 0.2):
         record(2, [seconds])
-    assert commit_counts_in(metrics.render()) == (5, 2)
-    assert commit_counts_in(ShareCoordinatorMetrics().render()) == (0, 0)
+    run = CommitCounts.parse(metrics.render()).since(before)
+    assert (run.cycles, run.slow(), run.longest_at_most()) == (5, 2, 0.25)
+    record(2, [30.0])  # past the last bound
+    assert CommitCounts.parse(metrics.render()).longest_at_most() == float("inf")
+    empty = CommitCounts.parse(ShareCoordinatorMetrics().render())
+    assert (empty.cycles, empty.slow(), empty.longest_at_most()) == (0, 0, None)
