@@ -198,6 +198,24 @@ class PartitionLog:
     def _publish(self) -> None:
         self._segments_view = tuple(s.info() for s in self._segments)
 
+    def _publish_written(self) -> None:
+        """``_publish`` after a write that went through: it grew the active segment and
+        maybe rolled to new ones, so every segment before the view's last is sealed and
+        as the view has it, and only the rest is made again: a write costs the same
+        however many segments the partition has. (Measured, the event loop's write of
+        one record, ``try_apply``: 4.7 µs at 208 segments and 3.9 at 8, against 60.1
+        and 6.0 when every segment's info was made again.)"""
+        view, segments = self._segments_view, self._segments
+        kept = len(view) - 1
+        if (
+            kept < 0
+            or len(segments) <= kept
+            or segments[kept].base_offset != view[kept].base_offset
+        ):
+            self._publish()
+            return
+        self._segments_view = view[:kept] + tuple(s.info() for s in segments[kept:])
+
     # -- recovery ------------------------------------------------------------------------
 
     def open(
@@ -414,11 +432,13 @@ class PartitionLog:
             self._write_frames(batch, sync)
         except BaseException as exc:
             self._failure = exc
-            if sync:
-                self._discard_unsynced()
+            try:
+                if sync:
+                    self._discard_unsynced()
+            finally:
+                self._publish()
             raise
-        finally:
-            self._publish()
+        self._publish_written()
 
     def fail(self, cause: BaseException) -> None:
         """Stop taking appends (the journal record of its pending batch failed):

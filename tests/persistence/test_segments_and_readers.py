@@ -16,6 +16,7 @@ from persistence import (
     read_segment,
     write_staged,
 )
+from persistence.segments import SegmentState
 from tests.persistence.log_helpers import (
     FRAME_SIZE,
     append_records,
@@ -232,3 +233,45 @@ def frame_starts(path: str, size: int) -> list[int]:
         starts.append(position)
         position += 4 + int.from_bytes(data[position : position + 4], "big")
     return starts
+
+
+def test_the_published_segments_match_the_files_and_a_write_remakes_only_its_own(
+    data_dir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After each write (the thread's, with rolls, and the loop's, within the active
+    segment) the segments a reader sees are the files as they are; and a write makes
+    again the info of the segments it wrote to only, not of every segment the
+    partition has (which made a write's cost grow with the log)."""
+    log = open_log(data_dir, segment_bytes=4 * FRAME_SIZE)
+    part = log.partition(0)
+    part.open()
+
+    def on_disk() -> list[tuple[int, int]]:
+        return [(s.base_offset, os.path.getsize(s.path)) for s in list_segments(part.partition_dir)]
+
+    made: list[int] = []
+    info = SegmentState.info
+    monkeypatch.setattr(SegmentState, "info", lambda self: made.append(1) or info(self))
+    records: list[LogRecord] = []
+    for count in (3, 9, 1, 2, 13, 2):  # rolls by one, by several, none, onto a full one
+        records += append_records(part, count, first=len(records))
+        before = len(part.segments)
+        made.clear()
+        part.write_batch(part.take_pending())
+        assert [(s.base_offset, s.size_bytes) for s in part.segments] == on_disk()
+        assert len(made) == len(part.segments) - before + 1
+    assert len(part.segments) == 8
+    for fits in (True, True, False):  # the loop's writes while the active segment has room
+        records += append_records(part, 1, first=len(records))
+        batch = part.take_pending()
+        assert batch is not None
+        part.journaled(batch)
+        made.clear()
+        assert part.try_apply(batch) is fits
+        if fits:
+            assert len(made) == 1
+        else:
+            part.apply_batch(batch)  # the commit thread's, with its roll
+        assert [(s.base_offset, s.size_bytes) for s in part.segments] == on_disk()
+    log.close()
+    assert read_back(data_dir, 0, segment_bytes=4 * FRAME_SIZE) == records
