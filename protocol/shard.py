@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Final, Protocol
 
 from protocol import errors
 from protocol.batches import is_clean, merge_batches, prune_batches
@@ -434,9 +434,19 @@ class ShareCoordinatorShard:
             )
         else:
             batches = merge_batches([], True, state_batches, start_offset)[0]
-        return ShareUpdate(
-            key, current.snapshot_epoch, leader, start_offset, batches, delivery_complete_count
+        return _new_update(
+            (key, current.snapshot_epoch, leader, start_offset, batches, delivery_complete_count)
         )
+
+
+def _new_update(fields: tuple[ShareKey, int, int, int, list[StateBatch], int]) -> ShareUpdate:
+    """``ShareUpdate(*fields)`` without the ``__new__`` a NamedTuple class gets, which is
+    Python source: run by the interpreter on every write, even from compiled code."""
+    update: ShareUpdate = _TUPLE_NEW(ShareUpdate, fields)
+    return update
+
+
+_TUPLE_NEW: Final[Callable[..., Any]] = tuple.__new__
 
 
 def _failed(key: ShareKey, code: int) -> PartitionResult:
