@@ -213,8 +213,10 @@ class PartitionLog:
             or segments[kept].base_offset != view[kept].base_offset
         ):
             self._publish()
-            return
-        self._segments_view = view[:kept] + tuple(s.info() for s in segments[kept:])
+        elif len(segments) == kept + 1:  # no roll, what nearly every write is
+            self._segments_view = (*view[:kept], segments[kept].info())
+        else:
+            self._segments_view = view[:kept] + tuple(s.info() for s in segments[kept:])
 
     # -- recovery ------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, Final, NamedTuple
 
 from persistence.errors import LogCorruptionError
 from persistence.fileops import FileOps
@@ -113,7 +113,13 @@ class SegmentState:
         return os.path.basename(self.path)
 
     def info(self) -> SegmentInfo:
-        return SegmentInfo(self.base_offset, self.path, self.size)
+        # tuple.__new__, not SegmentInfo(...): a NamedTuple's __new__ is Python source,
+        # and the event loop makes an info after every write it applies.
+        info: SegmentInfo = _TUPLE_NEW(SegmentInfo, (self.base_offset, self.path, self.size))
+        return info
+
+
+_TUPLE_NEW: Final[Callable[..., Any]] = tuple.__new__
 
 
 class _OffsetOutOfOrder(InvalidFrame):
