@@ -11,6 +11,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Sequence
 from heapq import heappop, heappush
 from operator import attrgetter
+from types import FunctionType
 from typing import Final
 
 import msgspec
@@ -178,7 +179,11 @@ def merge_one(
     first, last = batch.first_offset, batch.last_offset
     # Where the batch sorts: current's batches are disjoint, so only one can share its
     # first offset, and the set order decides on the rest of the key for that one.
-    at = bisect_left(stored, first, key=_first_offset)
+    at = (
+        bisect_left(stored, first, key=_first_offset)
+        if _INTERPRETED
+        else _first_offset_at(stored, first)
+    )
     if at < n and stored[at].first_offset == first and _set_order(stored[at]) < _set_order(batch):
         at += 1
     # Half the writes touch no neighbour they would merge with: the walk would pass
@@ -231,6 +236,26 @@ def merge_one(
     if lo == 0 and hi == n:
         return walked, clean
     return [*stored[:lo], *walked, *stored[hi:]], clean
+
+
+def _first_offset_at(stored: tuple[StateBatch, ...], first: int) -> int:
+    """``bisect_left(stored, first, key=_first_offset)`` written out: compiled, a step
+    is a field read and a compare, where bisect calls the key function for each. Only
+    when compiled (``_INTERPRETED``): the interpreter runs the loop slower than bisect.
+    (bench.entry_cost, interleaved: compiled, batched 0.94x and single 0.97x with it;
+    interpreted, batched 1.07x.)"""
+    lo, hi = 0, len(stored)
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if stored[mid].first_offset < first:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+# Whether this module runs interpreted: a compiled module's functions are builtins.
+_INTERPRETED: Final = isinstance(_first_offset_at, FunctionType)
 
 
 def is_clean(batches: Sequence[StateBatch], lo: int = 0, hi: int | None = None) -> bool:

@@ -3,6 +3,7 @@ per-offset model."""
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from itertools import pairwise
 
 import pytest
@@ -10,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from protocol.batches import (
+    _INTERPRETED,
     ACKNOWLEDGED,
     ACQUIRED,
     ARCHIVED,
@@ -18,7 +20,9 @@ from protocol.batches import (
     is_clean,
     merge_batches,
 )
+from protocol.batches import _first_offset_at as first_offset_at
 from protocol.state_batch import StateBatch
+from server.native import compiled_modules
 from tests.protocol.kafka_reference_combiner import reference_combine
 
 AV, ACQ, ACK, ARC = AVAILABLE, ACQUIRED, ACKNOWLEDGED, ARCHIVED
@@ -361,9 +365,7 @@ def test_7_a_state_kept_with_its_clean_flag_merges_exactly_as_kafkas_walk(writes
 def test_is_clean_means_no_pair_would_merge_and_every_batch_is_valid(batches):
     tidy = all(b.first_offset <= b.last_offset for b in batches) and all(
         left.last_offset < right.first_offset
-        and not (
-            left.last_offset + 1 == right.first_offset and _priority(left) == _priority(right)
-        )
+        and not (left.last_offset + 1 == right.first_offset and _priority(left) == _priority(right))
         for left, right in pairwise(batches)
     )
     assert is_clean(batches) == tidy
@@ -396,3 +398,16 @@ def test_7_one_batch_into_a_clean_state_is_kafkas_walk_for_every_span(state, sta
                 merged, clean = merge_batches(tuple(state), True, new, start_offset)
                 assert merged == reference_combine(state, new, start_offset), new
                 assert clean == is_clean(merged), new
+
+
+@given(st.lists(st.integers(0, 40), max_size=12, unique=True), st.integers(-1, 42))
+def test_the_written_out_search_finds_where_bisect_does(firsts, first):
+    stored = tuple(b(f, f, AV, 1) for f in sorted(firsts))
+    expected = bisect_left([s.first_offset for s in stored], first)
+    assert first_offset_at(stored, first) == expected
+
+
+def test_the_merge_searches_as_its_mode_runs_fastest():
+    """The written-out search is for compiled code only; interpreted, bisect's."""
+    compiled = "protocol/batches.py" in compiled_modules()
+    assert _INTERPRETED is not compiled
