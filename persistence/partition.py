@@ -416,7 +416,7 @@ class PartitionLog:
                 or self._segments[-1].size + len(batch.data) > self.segment_bytes
             ):
                 return False  # apply_batch does it, or raises what is wrong
-            self._write_locked(batch, sync=False)
+            self._write_locked(batch, sync=False, on_loop=True)
             return True
         finally:
             self._lock.release()
@@ -429,9 +429,9 @@ class PartitionLog:
                 raise PartitionFailedError(self.partition, self._failure)
             self._write_locked(batch, sync=sync)
 
-    def _write_locked(self, batch: PendingBatch, *, sync: bool) -> None:
+    def _write_locked(self, batch: PendingBatch, *, sync: bool, on_loop: bool = False) -> None:
         try:
-            self._write_frames(batch, sync)
+            self._write_frames(batch, sync, on_loop)
         except BaseException as exc:
             self._failure = exc
             try:
@@ -457,10 +457,11 @@ class PartitionLog:
             self.write_batch(batch)
         return self._durable_end_offset
 
-    def _write_frames(self, batch: PendingBatch, sync: bool) -> None:
+    def _write_frames(self, batch: PendingBatch, sync: bool, on_loop: bool) -> None:
         """Write the batch in as few pieces as the segment size allows: the frames that
         still fit the active segment, then a roll, and so on (a frame larger than a
-        whole segment gets a segment of its own)."""
+        whole segment gets a segment of its own). ``on_loop``: by the event loop
+        (``try_apply``), which never rolls."""
         data, ends = batch.data, batch.ends
         view = memoryview(data)
         try:
@@ -477,18 +478,25 @@ class PartitionLog:
                 last = fit - 1
                 last_start = ends[last - 1] if last > 0 else 0
                 self._flush(
-                    view[start : ends[last]], view[last_start:], batch.first_offset + last, sync
+                    view[start : ends[last]],
+                    view[last_start:],
+                    batch.first_offset + last,
+                    sync,
+                    on_loop,
                 )
                 done, start = fit, ends[last]
         finally:
             view.release()
 
     def _flush(
-        self, data: memoryview, last_frame: memoryview, last_offset: int, sync: bool
+        self, data: memoryview, last_frame: memoryview, last_offset: int, sync: bool, on_loop: bool
     ) -> None:
         assert self._active_fd is not None
         active = self._segments[-1]
-        self._fs.write_all(self._active_fd, data)
+        if on_loop:
+            self._fs.write_on_loop(self._active_fd, data)
+        else:
+            self._fs.write_all(self._active_fd, data)
         active.size += len(data)
         active.last_offset = last_offset
         active.last_frame_crc = PREFIX.unpack_from(last_frame)[1]
