@@ -235,7 +235,11 @@ def merge_one(
         walked, clean = _sweep_one([*stored[lo:at], batch, *stored[at:hi]])
     if lo == 0 and hi == n:
         return walked, clean
-    return [*stored[:lo], *walked, *stored[hi:]], clean
+    # One copy of current and one move of its tail, where slicing around the stretch
+    # built two tuples and a list grown by three extends.
+    merged = list(stored)
+    merged[lo:hi] = walked
+    return merged, clean
 
 
 def _first_offset_at(stored: tuple[StateBatch, ...], first: int) -> int:
