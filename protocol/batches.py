@@ -229,8 +229,10 @@ def merge_one(
         # One stored batch reached (a third of all writes): one step of the walk
         # resolves the pair, and its pieces neither merge with one another (they touch
         # only where their infos differ) nor reach past the stretch: final and clean.
-        pair = (stored[lo], batch) if lo < at else (batch, stored[lo])
-        walked, clean = _resolve(*pair), True
+        # (Two calls, not one of a pair unpacked: a call with * goes through the generic
+        # protocol from compiled code.)
+        walked = _resolve(stored[lo], batch) if lo < at else _resolve(batch, stored[lo])
+        clean = True
     else:
         walked, clean = _sweep_one([*stored[lo:at], batch, *stored[at:hi]])
     if lo == 0 and hi == n:
@@ -353,6 +355,10 @@ def _prune_clean(batches: Sequence[StateBatch], start_offset: int) -> Sequence[S
 _set_order: Final = attrgetter("first_offset", "last_offset", "delivery_count", "delivery_state")
 _last_offset: Final = attrgetter("last_offset")
 _first_offset: Final = attrgetter("first_offset")
+# A static of the compiled module for the class the walk and the sweep make pieces of:
+# from compiled code, a class imported from a module Python runs is a lookup in this
+# module's dict at each use. (heappush stays a module name: a test counts its calls.)
+_STATE_BATCH: Final = StateBatch
 
 # Stretches of up to this many batches (stored ones the new batches can reach, and the
 # new ones) are walked as a list, Kafka's way; longer ones are swept (protocol.sweep).
@@ -472,7 +478,7 @@ def _resolve(prev: StateBatch, cand: StateBatch) -> list[StateBatch]:
         cand.delivery_count,
     )
     if p_count == c_count and p_state == c_state:
-        return [StateBatch(p_first, max(p_last, c_last), p_state, p_count)]
+        return [_STATE_BATCH(p_first, max(p_last, c_last), p_state, p_count)]
     cand_higher = c_count > p_count or (c_count == p_count and c_state > p_state)
     if c_first == p_first:
         if c_last == p_last:
@@ -480,22 +486,22 @@ def _resolve(prev: StateBatch, cand: StateBatch) -> list[StateBatch]:
         # The set order puts the longer batch second when both start together.
         if cand_higher:
             return [cand]
-        return [prev, StateBatch(p_last + 1, c_last, c_state, c_count)]
+        return [prev, _STATE_BATCH(p_last + 1, c_last, c_state, c_count)]
     if c_last < p_last:
         if not cand_higher:
             return [prev]
         return [
-            StateBatch(p_first, c_first - 1, p_state, p_count),
+            _STATE_BATCH(p_first, c_first - 1, p_state, p_count),
             cand,
-            StateBatch(c_last + 1, p_last, p_state, p_count),
+            _STATE_BATCH(c_last + 1, p_last, p_state, p_count),
         ]
     if c_last == p_last:
         if not cand_higher:
             return [prev]
-        return [StateBatch(p_first, c_first - 1, p_state, p_count), cand]
+        return [_STATE_BATCH(p_first, c_first - 1, p_state, p_count), cand]
     if not cand_higher:
-        return [prev, StateBatch(p_last + 1, c_last, c_state, c_count)]
-    return [StateBatch(p_first, c_first - 1, p_state, p_count), cand]
+        return [prev, _STATE_BATCH(p_last + 1, c_last, c_state, c_count)]
+    return [_STATE_BATCH(p_first, c_first - 1, p_state, p_count), cand]
 
 
 def _sweep_one(stretch: list[StateBatch]) -> tuple[list[StateBatch], bool]:
@@ -538,7 +544,7 @@ def _sweep_one(stretch: list[StateBatch]) -> tuple[list[StateBatch], bool]:
         if b_first > f_last + 1 or (b_first == f_last + 1 and not same):
             if f_first == o_last + 1 and f_count == o_count and f_state == o_state:
                 clean = False
-            append(f_obj or StateBatch(f_first, f_last, f_state, f_count))
+            append(f_obj or _STATE_BATCH(f_first, f_last, f_state, f_count))
             o_last, o_count, o_state = f_last, f_count, f_state
             f_obj, f_first, f_last, f_count, f_state = obj, b_first, b_last, b_count, b_state
             continue
@@ -559,12 +565,12 @@ def _sweep_one(stretch: list[StateBatch]) -> tuple[list[StateBatch], bool]:
             # F's part before b: it touches b, whose info differs.
             if f_first == o_last + 1 and f_count == o_count and f_state == o_state:
                 clean = False
-            append(StateBatch(f_first, b_first - 1, f_state, f_count))
+            append(_STATE_BATCH(f_first, b_first - 1, f_state, f_count))
             o_last, o_count, o_state = b_first - 1, f_count, f_state
             if b_last < f_last:
                 heappush(pieces, (b_last + 1, f_last, f_count, f_state))
             f_obj, f_first, f_last, f_count, f_state = obj, b_first, b_last, b_count, b_state
     if f_first == o_last + 1 and f_count == o_count and f_state == o_state:
         clean = False
-    append(f_obj or StateBatch(f_first, f_last, f_state, f_count))
+    append(f_obj or _STATE_BATCH(f_first, f_last, f_state, f_count))
     return out, clean

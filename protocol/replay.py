@@ -8,7 +8,7 @@ log segments through it too, so the three can never disagree.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Protocol
+from typing import Final, Protocol
 
 from protocol.batches import is_clean, merge_batches
 from protocol.key_state import KeyState, ShareGroupOffset
@@ -26,6 +26,12 @@ from protocol.state_batch import StateBatch
 # tools, the Spark jobs) may take any valid value, and takes the default.
 DEFAULT_RECORDS_PER_SNAPSHOT = 500
 MAX_RECORDS_PER_SNAPSHOT = 500
+
+# Statics of the compiled module (server/native.py) for the classes every update uses:
+# from compiled code, a class imported from a module Python runs is a lookup in this
+# module's dict at each use.
+_SHARE_UPDATE: Final = ShareUpdate
+_SHARE_GROUP_OFFSET: Final = ShareGroupOffset
 
 
 def _max_epoch(current: int, fence: int | None) -> int:
@@ -110,7 +116,7 @@ class ShareStateMap:
         an update's batches already merged into the key's state, as ``merged_update``
         gave them for the state the key still has. ``state``: the key's entry in this
         map, when the caller looked it up already (an update uses it)."""
-        if isinstance(record, ShareUpdate):
+        if isinstance(record, _SHARE_UPDATE):
             self._replay_update(record, key_bytes, merged, state)
         elif isinstance(record, ShareSnapshot):
             self._replay_snapshot(offset, record, key_bytes)
@@ -203,7 +209,7 @@ class ShareStateMap:
         batches, now_clean = merged
         if now_clean is not stored_clean:  # nearly always clean before and after
             entry.batches_clean = now_clean
-        entry.state = ShareGroupOffset(
+        entry.state = _SHARE_GROUP_OFFSET(
             old.snapshot_epoch,
             old.state_epoch,
             old.leader_epoch if record.leader_epoch == -1 else record.leader_epoch,

@@ -260,7 +260,7 @@ class ShareCoordinatorShard:
         # together: within the limit (nearly always), there is no merge to count.
         limit = self.config.max_state_batches
         if 2 * (len(state.state.state_batches) + len(record.state_batches)) <= limit:
-            return record, PartitionResult(key.partition, 0, None)
+            return record, _PARTITION_RESULT(key.partition, 0, None)
         held = self._over_the_batch_limit(record)
         if held is not None:
             message = (
@@ -442,11 +442,15 @@ class ShareCoordinatorShard:
 def _new_update(fields: tuple[ShareKey, int, int, int, list[StateBatch], int]) -> ShareUpdate:
     """``ShareUpdate(*fields)`` without the ``__new__`` a NamedTuple class gets, which is
     Python source: run by the interpreter on every write, even from compiled code."""
-    update: ShareUpdate = _TUPLE_NEW(ShareUpdate, fields)
+    update: ShareUpdate = _TUPLE_NEW(_SHARE_UPDATE, fields)
     return update
 
 
 _TUPLE_NEW: Final[Callable[..., Any]] = tuple.__new__
+# Statics of the compiled module for the classes every write uses: from compiled code, a
+# class imported from a module Python runs is a lookup in this module's dict at each use.
+_SHARE_UPDATE: Final = ShareUpdate
+_PARTITION_RESULT: Final = PartitionResult
 
 
 def _failed(key: ShareKey, code: int) -> PartitionResult:

@@ -10,7 +10,7 @@ the update value out in ``UPDATE_VALUE_ORDER``, the order this module writes.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 import msgspec
 
@@ -26,7 +26,9 @@ UPDATE_VALUE_ORDER = (
     "delivery_complete_count",
 )
 
-_encode = msgspec.msgpack.Encoder().encode
+# Final: a static of the compiled module, where another module-level name is a lookup in
+# the module's dict at each use.
+_encode: Final = msgspec.msgpack.Encoder().encode
 
 
 def flatten(batches: Sequence[StateBatch]) -> list[int]:

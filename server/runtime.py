@@ -120,6 +120,13 @@ def wall_clock_ms() -> int:
     return _TIME_NS() // 1_000_000
 
 
+# Statics of the compiled module, for names an entry uses: from compiled code, a class or
+# a constant imported from a module Python runs is a lookup in this module's dict at each
+# use (a Final name of its own is not).
+_LAZY_KEY_STATE: Final = LazyKeyState
+_SHARE_UPDATE: Final = ShareUpdate
+_UPDATE_RECORD_TYPE: Final = UPDATE_RECORD_TYPE
+
 # A static of the compiled module: ``time.time_ns`` would be a dict lookup and an
 # attribute lookup per record.
 _TIME_NS: Final[Callable[[], int]] = time.time_ns
@@ -695,7 +702,7 @@ _Worked = tuple[Record | None, AnyPartitionResult, _Framed | None, _Merged | Non
 
 def _is_long(state: KeyState | None, rpc: Rpc, entry: Any) -> bool:
     """``PartitionRuntime.is_long`` given the key's state."""
-    if state is not None and type(state) is LazyKeyState and fold_is_long(state):
+    if state is not None and type(state) is _LAZY_KEY_STATE and fold_is_long(state):
         return True
     if rpc is not _WRITE:
         return False
@@ -711,8 +718,8 @@ def _frame(record: Record, state: KeyState | None) -> _Framed:
     key_bytes = state.key_bytes if state is not None else None
     if key_bytes is None:
         key_bytes = encode_key(record.key)
-    if isinstance(record, ShareUpdate):
-        return UPDATE_RECORD_TYPE, key_bytes, encode_update_value(record)
+    if isinstance(record, _SHARE_UPDATE):
+        return _UPDATE_RECORD_TYPE, key_bytes, encode_update_value(record)
     value = encode_value(record) if isinstance(record, ShareSnapshot) else None
     return SNAPSHOT_RECORD_TYPE, key_bytes, value
 

@@ -64,6 +64,9 @@ SLICE_S = 0.002
 _READS: Final = frozenset({Rpc.READ, Rpc.READ_SUMMARY})
 # Checked for every entry, as a C static (an enum member is otherwise two lookups).
 _ACTIVE: Final = Status.ACTIVE
+# Made for every entry: a class imported from a module Python runs is otherwise a lookup
+# in this module's dict at each use.
+_SHARE_KEY: Final = ShareKey
 
 
 # Who leads each coordinator key's state partition (keys, kafka) -> one result per key.
@@ -227,7 +230,7 @@ class CoordinatorService:
                         and state_partition not in refused
                         and not _waits_on_commit(placed.get(state_partition))
                     ):
-                        key = ShareKey(group_id, key_topic_id, partition)
+                        key = _SHARE_KEY(group_id, key_topic_id, partition)
                         await runtime.fold_key(key)  # a long tail a load left, off the loop
                         answer = (  # (readable still, if that fold let the loop go)
                             runtime.answer_read(rpc, key, entry) if runtime.readable else None
@@ -242,7 +245,7 @@ class CoordinatorService:
                     code = inactive_code(runtime)
                 else:
                     touched_here = True
-                    key = ShareKey(group_id, key_topic_id, partition)
+                    key = _SHARE_KEY(group_id, key_topic_id, partition)
                     try:
                         done = runtime.execute_now(rpc, key, entry)
                         if done is None:
