@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Final, Protocol
 
+import msgspec
+
 from protocol.batches import is_clean, merge_batches
 from protocol.key_state import KeyState, ShareGroupOffset
 from protocol.records import (
@@ -27,11 +29,11 @@ from protocol.state_batch import StateBatch
 DEFAULT_RECORDS_PER_SNAPSHOT = 500
 MAX_RECORDS_PER_SNAPSHOT = 500
 
-# Statics of the compiled module (server/native.py) for the classes every update uses:
-# from compiled code, a class imported from a module Python runs is a lookup in this
-# module's dict at each use.
+# Statics of the compiled module (server/native.py) for what every update uses: from
+# compiled code, a class or a function imported from a module Python runs is a lookup in
+# this module's dict at each use.
 _SHARE_UPDATE: Final = ShareUpdate
-_SHARE_GROUP_OFFSET: Final = ShareGroupOffset
+_REPLACE: Final = msgspec.structs.replace
 
 
 def _max_epoch(current: int, fence: int | None) -> int:
@@ -209,17 +211,17 @@ class ShareStateMap:
         batches, now_clean = merged
         if now_clean is not stored_clean:  # nearly always clean before and after
             entry.batches_clean = now_clean
-        entry.state = _SHARE_GROUP_OFFSET(
-            old.snapshot_epoch,
-            old.state_epoch,
-            old.leader_epoch if record.leader_epoch == -1 else record.leader_epoch,
-            start,
-            old.create_timestamp,
-            old.write_timestamp,
-            tuple(batches),
-            old.delivery_complete_count
-            if record.delivery_complete_count == -1
-            else record.delivery_complete_count,
+        # The old state with four fields replaced, copied by msgspec in C: from compiled
+        # code, reading a Struct's field is a generic attribute lookup, and an integer read
+        # out and passed on is boxed again (a new object, for all but the smallest).
+        leader_epoch = record.leader_epoch
+        complete = record.delivery_complete_count
+        entry.state = _REPLACE(
+            old,
+            leader_epoch=old.leader_epoch if leader_epoch == -1 else leader_epoch,
+            start_offset=start,
+            state_batches=tuple(batches),
+            delivery_complete_count=old.delivery_complete_count if complete == -1 else complete,
         )
         count = entry.update_count
         entry.update_count = 0 if count is None else count + 1
