@@ -8,7 +8,7 @@ them; every write brings new ones that must be merged into that list.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from heapq import heappop, heappush
 from operator import attrgetter
 from types import FunctionType
@@ -16,7 +16,7 @@ from typing import Final
 
 import msgspec
 
-from protocol.state_batch import StateBatch
+from protocol.state_batch import BatchFields, StateBatch
 from protocol.sweep import sweep
 
 # Delivery states of a record (docs/semantics.md §1.5). Archiving (3) exists in Kafka's enum but is
@@ -359,6 +359,9 @@ _first_offset: Final = attrgetter("first_offset")
 # from compiled code, a class imported from a module Python runs is a lookup in this
 # module's dict at each use. (heappush stays a module name: a test counts its calls.)
 _STATE_BATCH: Final = StateBatch
+# A batch's four fields in one C call (protocol/state_batch.py, BatchFields), where each
+# field read from compiled code is a generic attribute lookup.
+_BATCH_FIELDS: Final[Callable[[StateBatch], BatchFields]] = msgspec.structs.astuple
 
 # Stretches of up to this many batches (stored ones the new batches can reach, and the
 # new ones) are walked as a list, Kafka's way; longer ones are swept (protocol.sweep).
@@ -465,18 +468,8 @@ def _joints_clean(final: list[StateBatch], joints: list[int]) -> bool:
 
 def _resolve(prev: StateBatch, cand: StateBatch) -> list[StateBatch]:
     """Step 6: the pieces that replace an overlapping or contiguous pair."""
-    p_first, p_last, p_state, p_count = (
-        prev.first_offset,
-        prev.last_offset,
-        prev.delivery_state,
-        prev.delivery_count,
-    )
-    c_first, c_last, c_state, c_count = (
-        cand.first_offset,
-        cand.last_offset,
-        cand.delivery_state,
-        cand.delivery_count,
-    )
+    p_first, p_last, p_state, p_count = _BATCH_FIELDS(prev)
+    c_first, c_last, c_state, c_count = _BATCH_FIELDS(cand)
     if p_count == c_count and p_state == c_state:
         return [_STATE_BATCH(p_first, max(p_last, c_last), p_state, p_count)]
     cand_higher = c_count > p_count or (c_count == p_count and c_state > p_state)
@@ -515,8 +508,7 @@ def _sweep_one(stretch: list[StateBatch]) -> tuple[list[StateBatch], bool]:
     pieces: list[tuple[int, int, int, int]] = []  # (first, last, count, state)
     n = len(stretch)
     front = stretch[0]
-    f_first, f_last = front.first_offset, front.last_offset
-    f_count, f_state = front.delivery_count, front.delivery_state
+    f_first, f_last, f_state, f_count = _BATCH_FIELDS(front)
     # The front as an object while it is one of the stretch's, unchanged: output as is.
     f_obj: StateBatch | None = front
     # The last batch output, for the clean flag: partial coalescing can only leave a
@@ -528,8 +520,7 @@ def _sweep_one(stretch: list[StateBatch]) -> tuple[list[StateBatch], bool]:
     while True:
         if i < n:
             obj = stretch[i]
-            b_first, b_last = obj.first_offset, obj.last_offset
-            b_count, b_state = obj.delivery_count, obj.delivery_state
+            b_first, b_last, b_state, b_count = _BATCH_FIELDS(obj)
             if pieces and pieces[0] < (b_first, b_last, b_count, b_state):
                 obj = None
                 b_first, b_last, b_count, b_state = heappop(pieces)

@@ -35,7 +35,7 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -55,10 +55,11 @@ from protocol.messages import (
     ShareGroupStateRequest,
     ShareGroupStateResponse,
     TopicRegistration,
+    WriteFields,
     WritePartition,
 )
 from protocol.reparse import reparse_json, reparse_msgpack
-from protocol.state_batch import StateBatch
+from protocol.state_batch import BatchFields, StateBatch
 from protocol.topic_id import canonical_topic_id
 from protocol.widths import DEFAULT_MAX_GROUP_ID_BYTES, TOPIC_ID_EXPECTED
 
@@ -329,33 +330,27 @@ def _check_read_summary(entries: list[ReadSummaryPartition], max_batches: int, t
 def _check_write(entries: list[WritePartition], max_batches: int, ti: int) -> None:
     states = DELIVERY_STATES
     for pi, e in enumerate(entries):
-        batches = e.state_batches
+        partition, state_epoch, leader_epoch, start_offset, batches, complete = _WRITE_FIELDS(e)
         if len(batches) > max_batches:
             raise BodyError(
                 f"topics[{ti}].partitions[{pi}].state_batches",
                 f"{len(batches)} state batches, more than the limit of {max_batches}",
             )
-        if e.partition < 0 or e.state_epoch < -1 or e.leader_epoch < -1 or e.start_offset < -1:
+        if partition < 0 or state_epoch < -1 or leader_epoch < -1 or start_offset < -1:
             e.invalid = _entry_problem(
-                e.partition,
-                ("state_epoch", e.state_epoch),
-                ("leader_epoch", e.leader_epoch),
-                ("start_offset", e.start_offset),
+                partition,
+                ("state_epoch", state_epoch),
+                ("leader_epoch", leader_epoch),
+                ("start_offset", start_offset),
             )
             continue
-        if e.delivery_complete_count < -1:
-            e.invalid = (
-                f"delivery_complete_count must be -1 or greater, got {e.delivery_complete_count}"
-            )
+        if complete < -1:
+            e.invalid = f"delivery_complete_count must be -1 or greater, got {complete}"
             continue
         for bi, b in enumerate(batches):
+            first, last, state, count = _BATCH_FIELDS(b)
             # 0 <= first <= last implies last >= 0.
-            if (
-                b.first_offset < 0
-                or b.first_offset > b.last_offset
-                or b.delivery_count < 0
-                or b.delivery_state not in states
-            ):
+            if first < 0 or first > last or count < 0 or state not in states:
                 e.invalid = _batch_problem(b, bi)
                 break
         else:
@@ -363,6 +358,12 @@ def _check_write(entries: list[WritePartition], max_batches: int, ti: int) -> No
             if len(batches) > 1 and is_clean(batches):
                 e.batches_combined = True
 
+
+# A write entry's fields and a batch's, each in one C call (msgspec's astuple; the orders
+# are checked where the classes are defined): from compiled code, each field read is
+# otherwise a generic attribute lookup.
+_WRITE_FIELDS: Final[Callable[[WritePartition], WriteFields]] = msgspec.structs.astuple
+_BATCH_FIELDS: Final[Callable[[StateBatch], BatchFields]] = msgspec.structs.astuple
 
 _EDGE_CHECKS: dict[Rpc, Callable[[Any, int, int], None]] = {
     Rpc.INITIALIZE: _check_initialize,

@@ -87,6 +87,21 @@ class WritePartition(Struct, dict=True):
     batches_combined = False
 
 
+# A write entry's declared fields as ``msgspec.structs.astuple`` gives them, in this order,
+# for compiled code (protocol/state_batch.py says why): protocol/codec.py, protocol/shard.py.
+WriteFields = tuple[int, int, int, int, list[StateBatch], int]
+WRITE_FIELD_ORDER = (
+    "partition",
+    "state_epoch",
+    "leader_epoch",
+    "start_offset",
+    "state_batches",
+    "delivery_complete_count",
+)
+if WritePartition.__struct_fields__ != WRITE_FIELD_ORDER:
+    raise TypeError(f"WritePartition {WritePartition.__struct_fields__} differs from WriteFields")
+
+
 class DeletePartition(Struct, dict=True):
     partition: Int32
 

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
+import msgspec
+
 from protocol import errors
 from protocol.batches import is_clean, merge_batches, prune_batches
 from protocol.key_state import KeyState
@@ -36,6 +38,7 @@ from protocol.messages import (
     ReadPartitionResult,
     ReadSummaryPartition,
     ReadSummaryPartitionResult,
+    WriteFields,
     WritePartition,
 )
 from protocol.records import Record, ShareKey, ShareSnapshot, ShareTombstone, ShareUpdate
@@ -234,24 +237,22 @@ class ShareCoordinatorShard:
             return None, PartitionResult(
                 key.partition, errors.INVALID_REQUEST, errors.MSG_WRITE_UNINITIALIZED
             )
-        leader_epoch = entry.leader_epoch
+        _, state_epoch, leader_epoch, start_offset, batches, complete = _WRITE_FIELDS(entry)
         if leader_epoch != -1 and state.leader_fence > leader_epoch:
             return None, _failed(key, errors.FENCED_LEADER_EPOCH)
-        state_epoch = entry.state_epoch
         if state_epoch != -1:
             state_fence = state.state_fence
             if state_fence is not None and state_fence > state_epoch:
                 return None, _failed(key, errors.FENCED_STATE_EPOCH)
         if self.metadata is not None and self._unknown_topic_partition(key):
             return None, _failed(key, errors.UNKNOWN_TOPIC_OR_PARTITION)
-        batches = entry.state_batches
         record = self._write_record(
             key,
             state,
             leader_epoch,
-            entry.start_offset,
+            start_offset,
             batches,
-            entry.delivery_complete_count,
+            complete,
             False,
             len(batches) < 2 or entry.batches_combined,
         )
@@ -451,6 +452,9 @@ _TUPLE_NEW: Final[Callable[..., Any]] = tuple.__new__
 # class imported from a module Python runs is a lookup in this module's dict at each use.
 _SHARE_UPDATE: Final = ShareUpdate
 _PARTITION_RESULT: Final = PartitionResult
+# A write entry's fields in one C call (protocol/messages.py, WriteFields): from compiled
+# code, each field read is otherwise a generic attribute lookup.
+_WRITE_FIELDS: Final[Callable[[WritePartition], WriteFields]] = msgspec.structs.astuple
 
 
 def _failed(key: ShareKey, code: int) -> PartitionResult:

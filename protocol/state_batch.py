@@ -25,3 +25,12 @@ class StateBatch(msgspec.Struct, frozen=True, gc=False):
     last_offset: Int64
     delivery_state: Int8
     delivery_count: Int16
+
+
+# A batch's fields as ``msgspec.structs.astuple`` gives them, in this order: compiled code
+# (server/native.py) reads several fields of a Struct in that one call, where each field
+# read is otherwise a generic attribute lookup (protocol/codec.py, protocol/batches.py).
+BatchFields = tuple[int, int, int, int]
+BATCH_FIELD_ORDER = ("first_offset", "last_offset", "delivery_state", "delivery_count")
+if StateBatch.__struct_fields__ != BATCH_FIELD_ORDER:
+    raise TypeError(f"StateBatch {StateBatch.__struct_fields__} differs from BatchFields")
