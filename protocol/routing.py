@@ -67,7 +67,12 @@ def partition_for_prefix(prefix: int, partition: int, num_partitions: int) -> in
     rule once more, with the partition's digits hashed ahead for the usual numbers."""
     if 0 <= partition < _DIGITS_AHEAD:
         digits_hash, scale = _DIGITS_HASH[partition]
-        h = (prefix * scale + digits_hash) & 0xFFFFFFFF
+        # prefix * scale mod 2**32, with the prefix in 16-bit halves: compiled, a product
+        # of factors below 2**30 stays a machine integer, where prefix * scale (a prefix
+        # up to 2**32) took Python's arbitrary-precision path, for the product and for the
+        # mask (scale < 2**20: at most four digits).
+        high = ((prefix >> 16) * scale & 0xFFFF) << 16
+        h = (high + (prefix & 0xFFFF) * scale + digits_hash) & 0xFFFFFFFF
     else:
         h = prefix
         for ch in str(partition):
