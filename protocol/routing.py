@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+from types import FunctionType
 from typing import Final
 
 from protocol.topic_id import parse_key_topic_id
@@ -67,12 +68,15 @@ def partition_for_prefix(prefix: int, partition: int, num_partitions: int) -> in
     rule once more, with the partition's digits hashed ahead for the usual numbers."""
     if 0 <= partition < _DIGITS_AHEAD:
         digits_hash, scale = _DIGITS_HASH[partition]
-        # prefix * scale mod 2**32, with the prefix in 16-bit halves: compiled, a product
-        # of factors below 2**30 stays a machine integer, where prefix * scale (a prefix
-        # up to 2**32) took Python's arbitrary-precision path, for the product and for the
-        # mask (scale < 2**20: at most four digits).
-        high = ((prefix >> 16) * scale & 0xFFFF) << 16
-        h = (high + (prefix & 0xFFFF) * scale + digits_hash) & 0xFFFFFFFF
+        if _INTERPRETED:
+            h = (prefix * scale + digits_hash) & 0xFFFFFFFF
+        else:
+            # The same, with the prefix in 16-bit halves: compiled, a product of factors
+            # below 2**30 stays a machine integer, where prefix * scale (a prefix up to
+            # 2**32) takes Python's arbitrary-precision path, for the product and for the
+            # mask (scale < 2**20: at most four digits). Interpreted, the halves cost more.
+            high = ((prefix >> 16) * scale & 0xFFFF) << 16
+            h = (high + (prefix & 0xFFFF) * scale + digits_hash) & 0xFFFFFFFF
     else:
         h = prefix
         for ch in str(partition):
@@ -89,6 +93,9 @@ def _digits_hash(partition: int) -> tuple[int, int]:
     digits = str(partition)
     return java_string_hash(digits), 31 ** len(digits)
 
+
+# Whether this module runs interpreted: a compiled module's functions are builtins.
+_INTERPRETED: Final = isinstance(partition_for_prefix, FunctionType)
 
 # Topics rarely have more partitions than this; past it, the digits are hashed per call.
 _DIGITS_AHEAD: Final = 4096

@@ -9,6 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from protocol.routing import (
+    _INTERPRETED,
     coordinator_key,
     java_string_hash,
     kafka_abs,
@@ -17,6 +18,7 @@ from protocol.routing import (
     partition_for_key,
 )
 from protocol.topic_id import canonical_topic_id, parse_key_topic_id, topic_id_to_rfc4122
+from server.native import compiled_modules
 
 
 def test_1_3_spec_example_group1_uuid_0_1_partition_0_is_state_partition_20():
@@ -183,3 +185,9 @@ def test_1_3_partition_numbers_hashed_ahead_route_as_the_whole_key(group):
     for partition in range(4200):
         key = coordinator_key(group, topic, partition)
         assert partition_for(group, topic, partition, 50) == kafka_abs(java_string_hash(key)) % 50
+
+
+def test_the_hash_multiplies_as_its_mode_runs_fastest():
+    """The product in 16-bit halves is for compiled code only; the tests above check
+    whichever form this mode runs against the hash of the whole key."""
+    assert _INTERPRETED is not ("protocol/routing.py" in compiled_modules())
