@@ -52,6 +52,7 @@ from protocol.codec import Format
 from protocol.messages import InitializePartition, Rpc
 from protocol.records import ShareKey
 from protocol.shard import ShardConfig, ShareCoordinatorShard
+from server.native import compiled_modules
 
 # One merge as captured: (current, current_clean, new, start_offset), the batches as
 # plain (first, last, state, count) tuples so that each implementation gets its own.
@@ -229,6 +230,9 @@ def compare(
     modules: dict[str, types.ModuleType],
     rounds: int,
 ) -> dict[str, float]:
+    if not calls:
+        print(f"{label}: no merges to time (a larger --writes or --records makes some)")
+        return {}
     _same_outputs(list(modules.values()), calls, stored)
     inputs = {name: _inputs(module, calls, stored) for name, module in modules.items()}
     steps = {name: wrap(module) for name, module in modules.items()}
@@ -271,6 +275,13 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline", default="main", help="a git revision to compare with; '' for none"
     )
     args = parser.parse_args(argv)
+    if "protocol/replay.py" in compiled_modules():
+        # The write merges are captured by replacing merge_batches in the replay's module,
+        # which compiled code does not look up.
+        raise SystemExit(
+            "bench.merge_cost: the replay is compiled in this checkout, and its merges "
+            "cannot be captured; run it on the pure modules (make pure)"
+        )
     modules: dict[str, types.ModuleType] = {}
     if args.baseline:
         modules[args.baseline] = baseline_module(args.baseline)
