@@ -12,7 +12,7 @@ extension module would otherwise keep running the code as it was when it was bui
 whatever the file says now.
 
 What it gains is in README.md, "Performance" (interleaved with the pure modules on one
-machine): ~0.7x the CPU of a single write and of a batched entry.
+machine): about half the CPU of a single write and of a batched entry.
 """
 
 from __future__ import annotations
