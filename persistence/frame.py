@@ -164,7 +164,10 @@ def encode_frame_into(
         )
     except struct.error as exc:
         raise ValueError(f"record field out of range: {exc}") from None
-    buffer += _pack_prefix(length, _crc32(body))
+    # An object, not an int: compiled, an int would be unboxed and boxed again (a new
+    # object each frame) on its way from crc32 into pack.
+    crc: object = _crc32(body)
+    buffer += _pack_prefix(length, crc)
     buffer += body
 
 

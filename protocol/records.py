@@ -42,7 +42,12 @@ from typing import Any, NamedTuple
 import msgspec
 
 from protocol.state_batch import StateBatch
-from protocol.update_value import UPDATE_VALUE_ORDER, encode_update_value, flatten
+from protocol.update_value import (
+    UPDATE_RECORD_FIELDS,
+    UPDATE_VALUE_ORDER,
+    encode_update_value,
+    flatten,
+)
 from protocol.widths import Int32, Int64
 
 SNAPSHOT_RECORD_TYPE = 0
@@ -292,6 +297,11 @@ def _check_declaration() -> None:
             )
     if ShareKey.__struct_fields__ != tuple(f.name for f in KEY_FIELDS):
         raise TypeError(f"ShareKey {ShareKey.__struct_fields__} differs from FIELDS")
+    if ShareUpdate._fields != UPDATE_RECORD_FIELDS:
+        raise TypeError(
+            f"ShareUpdate {ShareUpdate._fields}; protocol/update_value.py reads its "
+            f"fields at the positions of {UPDATE_RECORD_FIELDS}"
+        )
     update_order = tuple(f.name for f in VALUE_FIELDS[UPDATE])
     if update_order != UPDATE_VALUE_ORDER:
         raise TypeError(

@@ -26,6 +26,17 @@ UPDATE_VALUE_ORDER = (
     "delivery_complete_count",
 )
 
+# Where encode_update_value reads a ShareUpdate's fields (protocol/records.py checks at
+# import that the record class has them there).
+UPDATE_RECORD_FIELDS = (
+    "key",
+    "snapshot_epoch",
+    "leader_epoch",
+    "start_offset",
+    "state_batches",
+    "delivery_complete_count",
+)
+
 # Final: a static of the compiled module, where another module-level name is a lookup in
 # the module's dict at each use.
 _encode: Final = msgspec.msgpack.Encoder().encode
@@ -42,12 +53,15 @@ def flatten(batches: Sequence[StateBatch]) -> list[int]:
 
 def encode_update_value(record: ShareUpdate) -> bytes:
     """The value bytes of a ShareUpdate."""
+    # Read by position (UPDATE_RECORD_FIELDS), as objects: compiled, an int field read
+    # by name is unboxed and boxed again on its way into the tuple.
+    fields: tuple[object, ...] = record
     return _encode(
         (
-            record.snapshot_epoch,
-            record.leader_epoch,
-            record.start_offset,
+            fields[1],
+            fields[2],
+            fields[3],
             flatten(record.state_batches),
-            record.delivery_complete_count,
+            fields[5],
         )
     )

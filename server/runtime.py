@@ -45,6 +45,7 @@ from typing import Any, Final, TypeVar
 from persistence import FileOps, LogRecord, PartitionFailedError
 from persistence.fileops import is_disk_full
 from persistence.frame import HEADER_SIZE, VALUE_LENGTH
+from persistence.partition import PartitionLog
 from persistence.room import RoomWatch
 from persistence.store import PartitionStore, open_in_runs
 from protocol.key_state import KeyState
@@ -124,6 +125,7 @@ def wall_clock_ms() -> int:
 # a constant imported from a module Python runs is a lookup in this module's dict at each
 # use (a Final name of its own is not).
 _LAZY_KEY_STATE: Final = LazyKeyState
+_PARTITION_LOG: Final = PartitionLog
 _SHARE_UPDATE: Final = ShareUpdate
 _UPDATE_RECORD_TYPE: Final = UPDATE_RECORD_TYPE
 
@@ -538,7 +540,15 @@ class PartitionRuntime:
         if state is None:
             state = shard.key_state(record.key)
         record_type, key_bytes, value = framed or _frame(record, state)
-        offset = self.log.append(record_type, key_bytes, value, self._now_ms())
+        log = self.log
+        if type(log) is _PARTITION_LOG:
+            # The same call as below, typed by the check: compiled, a direct call of the
+            # local log's append. Through the PartitionStore protocol (the PostgreSQL
+            # store is another class) it is Python's call, its arguments and its result
+            # boxed and parsed again.
+            offset = log.append(record_type, key_bytes, value, self._now_ms())
+        else:
+            offset = log.append(record_type, key_bytes, value, self._now_ms())
         shard.replay(offset, record, key_bytes, merged, state)
         unsynced = self._unsynced
         if len(unsynced) >= self._unsynced_sweep_at:
