@@ -30,6 +30,7 @@ from protocol.records import (
     record_row,
 )
 from protocol.state_batch import StateBatch
+from protocol.update_value import encode_update_value
 
 int32 = st.integers(-(2**31), 2**31 - 1)
 int64 = st.integers(-(2**63), 2**63 - 1)
@@ -122,6 +123,31 @@ def test_records_refuse_to_load_when_the_update_writer_differs_from_the_declarat
     monkeypatch.setattr(protocol.records, "UPDATE_VALUE_ORDER", tuple(order))
     with pytest.raises(TypeError, match=r"update_value\.py"):
         protocol.records._check_declaration()
+
+
+def test_records_refuse_to_load_when_the_update_record_moves_a_field_the_writer_reads(
+    monkeypatch,
+):
+    """encode_update_value reads a ShareUpdate's fields by position: a record class whose
+    fields moved would write one field's value as another's."""
+    fields = list(protocol.records.UPDATE_RECORD_FIELDS)
+    fields[2], fields[3] = fields[3], fields[2]
+    monkeypatch.setattr(protocol.records, "UPDATE_RECORD_FIELDS", tuple(fields))
+    with pytest.raises(TypeError, match=r"update_value\.py reads its fields"):
+        protocol.records._check_declaration()
+
+
+def test_the_update_value_holds_each_field_of_the_record_where_the_declaration_says():
+    update = ShareUpdate(
+        ShareKey("g", "AAAAAAAAAAAAAAAAAAAAAQ", 0), 7, 11, 13, [StateBatch(20, 29, 2, 3)], 17
+    )
+    value = msgpack.unpackb(encode_update_value(update))
+    assert value == [7, 11, 13, [20, 29, 2, 3], 17]
+    assert value[:3] + value[4:] == [
+        getattr(update, name)
+        for name in protocol.records.UPDATE_VALUE_ORDER
+        if name != "state_batches"
+    ]
 
 
 def test_records_decoder_accepts_extra_trailing_fields():
