@@ -7,7 +7,7 @@ import pytest
 from bench import merge_cost
 
 
-def test_a_compiled_replay_is_refused_in_one_line(monkeypatch, capsys):
+def test_a_compiled_replay_is_refused_in_one_line(monkeypatch):
     # The write merges are captured through the replay's module dict, which a compiled
     # replay never reads: it would time nothing, so it says so instead.
     monkeypatch.setattr(merge_cost, "compiled_modules", lambda: ["protocol/replay.py"])
