@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import threading
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from protocol.records import (
     RecordDecoder,
     ShareKey,
     ShareUpdate,
+    UpdateValue,
     encode_key,
     encode_value,
     record_type,
@@ -126,6 +128,34 @@ def test_a_bad_value_in_the_tail_fails_even_a_lazy_load() -> None:
     ]
     with pytest.raises(LoadDecodeError, match="offset 1"):
         loaded(records, 500, lazy=True)
+
+
+def _three_field_batches() -> bytes:
+    """A ShareUpdate value that decodes, with a state batch cut to three fields."""
+    _, records = _written_log(1)
+    encoded = records[1][4]
+    assert encoded is not None
+    value = msgspec.msgpack.decode(encoded, type=UpdateValue)
+    return msgspec.msgpack.encode(msgspec.structs.replace(value, state_batches=[1, 2, 3]))
+
+
+@pytest.mark.parametrize("lazy", [False, True], ids=["eager", "lazy"])
+@pytest.mark.parametrize("retired", [False, True], ids=["tail", "retired"])
+@pytest.mark.parametrize("kind", ["undecodable", "three fields"])
+def test_the_first_refused_update_among_good_ones_is_named(
+    kind: str, retired: bool, lazy: bool
+) -> None:
+    """A tail's updates are decoded in one call; where one is refused, the load still
+    names the first refused record, in the tail as in a stretch a snapshot retired."""
+    bad = b"\x95\x00\x00\x00\xc1" if kind == "undecodable" else _three_field_batches()
+    _, records = _written_log(12)
+    for at in (5, 8):
+        assert records[at][2] == 1  # an update
+        records[at] = (*records[at][:4], bad)
+    if retired:
+        records.append((len(records), *records[0][1:]))  # a snapshot after them
+    with pytest.raises(LoadDecodeError, match=r"^offset 5: "):
+        loaded(records, 500, lazy=lazy)
 
 
 def _written_log(writes: int) -> tuple[ShareKey, list[RawRecord]]:
