@@ -6,6 +6,8 @@ A module of its own, apart from the replay rules, so that the rules can be compi
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 from protocol.state_batch import StateBatch
@@ -55,3 +57,34 @@ class KeyState(msgspec.Struct, gc=False):
     update_count: int | None = None
     # Offsets manager: log offset of the key's latest snapshot, None before one.
     snapshot_offset: int | None = None
+
+
+# A KeyState's fields in one call, in this order: from compiled code (server/native.py)
+# each field read of a Struct is Python's generic attribute lookup (~160 instructions),
+# and msgspec's astuple reads all seven for less than one. Only for a KeyState whose
+# state is folded (protocol/loading.py's LazyKeyState keeps an unfolded tail in the
+# state slot, which astuple would hand out as it is).
+KEY_STATE_FIELDS = (
+    "state",
+    "leader_fence",
+    "state_fence",
+    "key_bytes",
+    "batches_clean",
+    "update_count",
+    "snapshot_offset",
+)
+KeyFields = tuple[
+    ShareGroupOffset, int, int | None, bytes | None, bool | None, int | None, int | None
+]
+key_fields: Callable[[KeyState], KeyFields] = msgspec.structs.astuple
+
+
+def check_key_fields(struct: type[msgspec.Struct]) -> None:
+    """Refuse a KeyState whose fields are not where ``key_fields``' readers take them."""
+    if struct.__struct_fields__ != KEY_STATE_FIELDS:
+        raise TypeError(
+            f"KeyState {struct.__struct_fields__}; key_fields' readers take {KEY_STATE_FIELDS}"
+        )
+
+
+check_key_fields(KeyState)

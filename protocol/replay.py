@@ -13,7 +13,7 @@ from typing import Final, Protocol
 import msgspec
 
 from protocol.batches import is_clean, merge_batches
-from protocol.key_state import KeyState, ShareGroupOffset
+from protocol.key_state import KeyState, ShareGroupOffset, key_fields
 from protocol.records import (
     Record,
     ShareKey,
@@ -34,6 +34,8 @@ MAX_RECORDS_PER_SNAPSHOT = 500
 # this module's dict at each use.
 _SHARE_UPDATE: Final = ShareUpdate
 _REPLACE: Final = msgspec.structs.replace
+_KEY_STATE: Final = KeyState
+_KEY_FIELDS: Final = key_fields
 
 
 def _max_epoch(current: int, fence: int | None) -> int:
@@ -198,13 +200,14 @@ class ShareStateMap:
             entry.update_count = 0
             self.keys[record.key] = entry
             return
+        if type(entry) is not _KEY_STATE:
+            _ = entry.state  # a lazily loaded key folds first (protocol/loading.py)
+        old, leader_fence, _, _, stored_clean, count, _ = _KEY_FIELDS(entry)
         # Set only when it moves: a Struct field's store costs a compiled caller as much
         # as the read.
-        if record.leader_epoch > entry.leader_fence:  # noqa: PLR1730
+        if record.leader_epoch > leader_fence:
             entry.leader_fence = record.leader_epoch
-        old = entry.state
         start = old.start_offset if record.start_offset == -1 else record.start_offset
-        stored_clean = entry.batches_clean
         if merged is None:
             clean = stored_clean if stored_clean is not None else is_clean(old.state_batches)
             merged = merge_batches(old.state_batches, clean, record.state_batches, start)
@@ -223,7 +226,6 @@ class ShareStateMap:
             state_batches=tuple(batches),
             delivery_complete_count=old.delivery_complete_count if complete == -1 else complete,
         )
-        count = entry.update_count
         entry.update_count = 0 if count is None else count + 1
 
     def _replay_tombstone(self, offset: int, key: ShareKey) -> None:

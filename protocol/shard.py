@@ -26,7 +26,7 @@ import msgspec
 
 from protocol import errors
 from protocol.batches import is_clean, merge_batches, prune_batches
-from protocol.key_state import KeyState
+from protocol.key_state import KeyState, ShareGroupOffset, key_fields
 from protocol.loading import LazyKeyState
 from protocol.messages import (
     AdminState,
@@ -223,7 +223,10 @@ class ShareCoordinatorShard:
         if leader_epoch in (-1, state.leader_fence):
             return None, result
         # The answer shows the state before this record (docs/semantics.md §5.2).
-        record = self._write_record(key, state, leader_epoch, stored.start_offset, [], -1, True)
+        count = state.update_count
+        record = self._write_record(
+            key, state, leader_epoch, stored.start_offset, [], -1, True, False, stored, count
+        )
         return record, result
 
     def write(
@@ -238,12 +241,13 @@ class ShareCoordinatorShard:
                 key.partition, errors.INVALID_REQUEST, errors.MSG_WRITE_UNINITIALIZED
             )
         _, state_epoch, leader_epoch, start_offset, batches, complete = _WRITE_FIELDS(entry)
-        if leader_epoch != -1 and state.leader_fence > leader_epoch:
+        if type(state) is not _KEY_STATE:
+            _ = state.state  # a lazily loaded key folds first (protocol/loading.py)
+        stored, leader_fence, state_fence, _, _, count, _ = _KEY_FIELDS(state)
+        if leader_epoch != -1 and leader_fence > leader_epoch:
             return None, _failed(key, errors.FENCED_LEADER_EPOCH)
-        if state_epoch != -1:
-            state_fence = state.state_fence
-            if state_fence is not None and state_fence > state_epoch:
-                return None, _failed(key, errors.FENCED_STATE_EPOCH)
+        if state_epoch != -1 and state_fence is not None and state_fence > state_epoch:
+            return None, _failed(key, errors.FENCED_STATE_EPOCH)
         if self.metadata is not None and self._unknown_topic_partition(key):
             return None, _failed(key, errors.UNKNOWN_TOPIC_OR_PARTITION)
         record = self._write_record(
@@ -255,12 +259,14 @@ class ShareCoordinatorShard:
             complete,
             False,
             len(batches) < 2 or entry.batches_combined,
+            stored,
+            count,
         )
         # Every batch of a merge's output starts where an input batch starts or just after
         # one ends, so the key will hold at most twice the stored and the record's batches
         # together: within the limit (nearly always), there is no merge to count.
         limit = self.config.max_state_batches
-        if 2 * (len(state.state.state_batches) + len(record.state_batches)) <= limit:
+        if 2 * (len(stored.state_batches) + len(record.state_batches)) <= limit:
             return record, _PARTITION_RESULT(key.partition, 0, None)
         held = self._over_the_batch_limit(record)
         if held is not None:
@@ -394,7 +400,9 @@ class ShareCoordinatorShard:
         state_batches: list[StateBatch],
         delivery_complete_count: int,
         update_leader_epoch: bool,
-        batches_combined: bool = False,
+        batches_combined: bool,
+        current: ShareGroupOffset,
+        count: int | None,
     ) -> ShareSnapshot | ShareUpdate:
         """docs/semantics.md §6: a snapshot once the key has had enough updates, else an update.
 
@@ -402,12 +410,12 @@ class ShareCoordinatorShard:
         this is a read's leader-epoch bump, and a snapshot keeps the stored state epoch.
         ``batches_combined``: the batches are already what combining them with nothing
         gives (sorted, disjoint, no same-info neighbours), so only pruning is left.
+        ``current`` and ``count``: the key's ``state`` and ``update_count``, which the
+        caller read already.
         """
-        current = state.state
         leader = current.leader_epoch
         if update_leader_epoch and leader_epoch != -1:
             leader = leader_epoch
-        count = state.update_count
         if (0 if count is None else count) >= self.config.records_per_snapshot:
             start = current.start_offset if start_offset == -1 else start_offset
             now = self._now_ms()
@@ -455,6 +463,8 @@ _PARTITION_RESULT: Final = PartitionResult
 # A write entry's fields in one C call (protocol/messages.py, WriteFields): from compiled
 # code, each field read is otherwise a generic attribute lookup.
 _WRITE_FIELDS: Final[Callable[[WritePartition], WriteFields]] = msgspec.structs.astuple
+_KEY_STATE: Final = KeyState
+_KEY_FIELDS: Final = key_fields
 
 
 def _failed(key: ShareKey, code: int) -> PartitionResult:

@@ -13,10 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import protocol.key_state
 import protocol.loading
+from protocol import errors
 from protocol.key_state import KeyState, ShareGroupOffset
 from protocol.loading import LazyKeyState, LoadDecodeError, RawRecord, StateLoader
-from protocol.messages import InitializePartition, WritePartition
+from protocol.messages import InitializePartition, ReadPartition, WritePartition
 from protocol.records import (
     RecordDecoder,
     ShareKey,
@@ -304,3 +306,56 @@ def test_a_short_tail_over_a_large_state_is_long_work_to_fold() -> None:
     assert not protocol.loading.fold_is_long(short.keys[key])
     assert entry.state == replayed(records, 500).keys[key].state
     assert not protocol.loading.fold_is_long(entry)
+
+
+def test_key_fields_hands_out_each_field_of_a_key_state_where_its_readers_take_it() -> None:
+    """The shard's write and the replay read a KeyState's fields by position
+    (protocol/key_state.py's key_fields), a lazily loaded one once it is folded."""
+    key, records = _written_log(6)
+    entry = loaded(records, 500, lazy=True).keys[key]
+    assert type(entry) is LazyKeyState
+    _ = entry.state
+    fields = protocol.key_state.key_fields(entry)
+    assert fields == tuple(getattr(entry, name) for name in KeyState.__struct_fields__)
+    assert KeyState.__struct_fields__ == protocol.key_state.KEY_STATE_FIELDS
+    assert isinstance(fields[0], ShareGroupOffset) and fields[3] == encode_key(key)
+
+
+def test_a_key_state_whose_fields_moved_is_refused() -> None:
+    class Moved(msgspec.Struct):
+        leader_fence: int
+        state: ShareGroupOffset
+
+    with pytest.raises(TypeError, match="key_fields' readers take"):
+        protocol.key_state.check_key_fields(Moved)
+    protocol.key_state.check_key_fields(KeyState)
+
+
+def test_a_write_onto_an_unfolded_key_is_judged_on_its_folded_state() -> None:
+    """The shard's write reads the key's fields at once: a lazily loaded key folds
+    first, so the fences and the record are those of the replayed state."""
+    key, records = _written_log(25)
+    # A read by leader epoch 2 raises the key's leader fence, in an update record.
+    reader = ShareCoordinatorShard(ShardConfig())
+    reader.loaded(*_loader(records).finish())
+    bump, _ = reader.read(key, ReadPartition(key.partition, 2))
+    assert isinstance(bump, ShareUpdate)
+    records.append((len(records), 0, record_type(bump), encode_key(key), encode_value(bump)))
+    for leader_epoch in (1, 2, 3):
+        shards = []
+        for lazy in (False, True):
+            shard = ShareCoordinatorShard(ShardConfig())
+            shard.loaded(*_loader(records).finish(lazy=lazy))
+            shards.append(shard)
+        assert type(shards[1].key_state(key)) is LazyKeyState
+        entry = WritePartition(key.partition, 0, leader_epoch, -1, [StateBatch(40, 49, 2, 1)])
+        eager, lazy_written = (shard.write(key, entry) for shard in shards)
+        assert lazy_written == eager
+        assert eager[1].error_code == (0 if leader_epoch >= 2 else errors.FENCED_LEADER_EPOCH)
+        assert (eager[0] is None) == (leader_epoch < 2)
+
+
+def _loader(records: list[RawRecord]) -> StateLoader:
+    loader = StateLoader(500)
+    loader.add(records)
+    return loader
