@@ -425,7 +425,10 @@ class PartitionRuntime:
 
     def _refuse_after_a_failed_commit(self) -> None:
         """Raise PartitionFailedError once the log's last commit failed."""
-        failure = self.log.failure
+        log = self.log
+        # The same read in both branches, typed by the check (as in _append): compiled,
+        # the local log's property is a direct call, the protocol's a generic lookup.
+        failure = log.failure if type(log) is _PARTITION_LOG else log.failure  # noqa: RUF034
         if failure is not None:
             raise PartitionFailedError(self.partition, failure)
 
@@ -443,7 +446,7 @@ class PartitionRuntime:
             if record is not None and rpc is Rpc.READ:
                 self.shard_writes += 1
         if record is not None:
-            return result, self._append(record, state=state)
+            return result, self._append(record, state=state, key=key)
         return result, self.pending_offset_of(key)
 
     def answer_read(self, rpc: Rpc, key: ShareKey, entry: Any) -> AnyPartitionResult | None:
@@ -531,14 +534,18 @@ class PartitionRuntime:
         framed: _Framed | None = None,
         merged: _Merged | None = None,
         state: KeyState | None = None,
+        key: ShareKey | None = None,
     ) -> int:
         """Frame one record into the log's buffer and replay it; ``framed`` and
         ``merged`` are that work done beforehand (``execute_offloaded``), ``state`` the
-        record's key's state when the caller has it (looked up when None). Returns the
-        record's offset."""
+        record's key's state and ``key`` its key when the caller has them (looked up
+        when None; a record's key is a generic attribute read from compiled code).
+        Returns the record's offset."""
         shard = self.shard
+        if key is None:
+            key = record.key
         if state is None:
-            state = shard.key_state(record.key)
+            state = shard.key_state(key)
         record_type, key_bytes, value = framed or _frame(record, state)
         log = self.log
         if type(log) is _PARTITION_LOG:
@@ -555,7 +562,7 @@ class PartitionRuntime:
             durable = self.log.durable_end_offset
             unsynced = self._unsynced = {k: o for k, o in unsynced.items() if o >= durable}
             self._unsynced_sweep_at = max(UNSYNCED_SWEEP_MIN, 2 * len(unsynced))
-        unsynced[record.key] = offset
+        unsynced[key] = offset
         self.records_appended += 1
         self.bytes_appended += FRAME_OVERHEAD + len(key_bytes) + (len(value) if value else 0)
         return offset
